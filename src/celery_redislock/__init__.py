@@ -1,0 +1,35 @@
+"""Redis locks, semaphores and contention policies around Celery task execution."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .exceptions import (
+    BackendUnavailable,
+    ConfigurationError,
+    LockContended,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+    RedisLockError,
+)
+from .locks import Lock
+
+try:
+    __version__ = version("celery-redislock")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "BackendUnavailable",
+    "ConfigurationError",
+    "Lock",
+    "LockContended",
+    "LockError",
+    "LockLost",
+    "LockNotOwned",
+    "LockTimeout",
+    "RedisLockError",
+    "__version__",
+]

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private redis-server for the session, or REDISLOCK_TEST_REDIS_URL when set."""
+    url = os.environ.get("REDISLOCK_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    """A client on a flushed database."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
