@@ -13,8 +13,10 @@ from .exceptions import (
     LockNotOwned,
     LockTimeout,
     RedisLockError,
+    TaskSkipped,
 )
 from .locks import Lock
+from .task import Hold, LockedTask
 
 try:
     __version__ = version("celery-redislock")
@@ -24,12 +26,15 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "BackendUnavailable",
     "ConfigurationError",
+    "Hold",
     "Lock",
     "LockContended",
     "LockError",
     "LockLost",
     "LockNotOwned",
     "LockTimeout",
+    "LockedTask",
     "RedisLockError",
+    "TaskSkipped",
     "__version__",
 ]

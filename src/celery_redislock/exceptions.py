@@ -7,7 +7,8 @@
     ├── BackendUnavailable           Redis could not be reached (chains the redis-py error)
     └── LockError                    something about one lock
         ├── LockContended            held by someone else (key, holder, ttl_ms)
-        │   └── LockTimeout          gave up waiting for it
+        │   ├── LockTimeout          gave up waiting for it
+        │   └── TaskSkipped          a task run dropped by on_contention="skip"
         └── LockNotOwned             release/extend of a lock the caller does not hold
             └── LockLost             the caller held it, but its lease ran out
 
@@ -29,6 +30,7 @@ __all__ = [
     "LockNotOwned",
     "LockTimeout",
     "RedisLockError",
+    "TaskSkipped",
 ]
 
 
@@ -48,13 +50,14 @@ class LockError(RedisLockError):
     """An operation on one lock failed."""
 
     def __init__(self, message: str, key: str = "") -> None:
-        super().__init__(message)
+        # All constructor arguments go in ``args``: result backends rebuild
+        # exceptions as ``cls(*args)`` (JSON) or via __reduce__ (pickle).
+        super().__init__(message, key)
+        self.message = message
         self.key = key
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        # Exceptions cross process boundaries (result backends pickle or
-        # JSON them), so keep the constructor arguments reconstructible.
-        return (self.__class__, (self.args[0], self.key))
+    def __str__(self) -> str:
+        return self.message
 
 
 class LockContended(LockError):
@@ -70,11 +73,9 @@ class LockContended(LockError):
         if not message:
             message = f"lock {key!r} is held by {holder!r} for another {ttl_ms} ms"
         super().__init__(message, key)
+        self.args = (message, key, holder, ttl_ms)
         self.holder = holder
         self.ttl_ms = ttl_ms
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (self.__class__, (self.args[0], self.key, self.holder, self.ttl_ms))
 
 
 class LockTimeout(LockContended):
@@ -87,3 +88,11 @@ class LockNotOwned(LockError):
 
 class LockLost(LockNotOwned):
     """The caller held the lock, but its lease expired before release or renewal."""
+
+
+class TaskSkipped(LockContended):
+    """A task run was dropped because its lock was held (``on_contention="skip"``).
+
+    Stored as the run's FAILURE result, so ``AsyncResult.get()`` raises it
+    promptly; ``holder`` is the task id of the run that held the lock.
+    """

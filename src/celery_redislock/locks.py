@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from . import _common, keys, renewal, scripts
 from ._common import FOREVER_MS, GRACE_MS, call, decode, to_ms
-from .exceptions import LockError, LockLost, LockNotOwned, LockTimeout
+from .exceptions import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout
 
 __all__ = ["Lock", "reap"]
 
@@ -62,7 +62,7 @@ class Lock:
             renew_interval, f"renew_interval of lock {name!r}", allow_none=True
         )
         if interval is not None and interval >= self.ttl:
-            raise _common.ConfigurationError(
+            raise ConfigurationError(
                 f"renew_interval of lock {name!r} must be shorter than its ttl "
                 f"({self.ttl}), got {interval!r}"
             )
@@ -115,7 +115,7 @@ class Lock:
             if blocking:
                 left = deadline - time.monotonic()
                 wait_ms = FOREVER_MS if left == math.inf else max(1, int(left * 1000))
-            return call(  # type: ignore[no-any-return]
+            return call(
                 "acquire",
                 self.key,
                 script,

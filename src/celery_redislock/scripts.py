@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError
 __all__ = ["evalsha_in_pipeline", "get", "source"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source(name: str) -> str:
     """The full text of script ``name``, with its include resolved."""
     text = resources.files("celery_redislock").joinpath("lua", f"{name}.lua").read_text("utf-8")
@@ -28,7 +28,7 @@ def source(name: str) -> str:
     return text
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get(name: str) -> Script:
     """The Script object for ``lua/<name>.lua``, shared by every client."""
     # Bytes, so the Script needs no client to compute its sha.

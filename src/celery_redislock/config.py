@@ -1,0 +1,189 @@
+"""Settings read from ``app.conf`` (lowercase ``redislock_*`` keys), validated once.
+
+Precedence for task options: per-call option > task attribute > app.conf > default.
+The Redis client is built lazily, once per app per process (a forked child
+builds its own), and nothing is attached to the app object.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+import redis
+
+from .exceptions import ConfigurationError
+
+__all__ = ["CONTENTION_POLICIES", "Settings", "client_for", "reset", "settings_for"]
+
+CONTENTION_POLICIES = ("retry", "skip", "wait", "fail")
+WAIT_FALLBACKS = ("retry", "fail")
+REDIS_ERROR_POLICIES = ("retry", "fail", "run")
+DEFAULT_URL = "redis://localhost:6379/0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every ``redislock_*`` setting, in the order the docs list them.
+
+    url: Redis URL of the lock store (``redislock_url``); defaults to the
+        broker URL when that is a redis:// or rediss:// URL.
+    key_prefix: prefix of every Redis key (``redislock_key_prefix``).
+    lock_ttl: lease in seconds, renewed while the body runs.
+    renew_interval: seconds between renewals (None: a third of the lease).
+    on_contention: ``retry``, ``skip``, ``wait`` or ``fail``.
+    lock_retry_backoff: first contention-retry delay, seconds (doubles each time).
+    lock_retry_backoff_max: cap of that delay; must stay below the broker's
+        visibility timeout.
+    lock_retry_max: contention retries before failing with LockContended (None: no limit).
+    lock_wait_timeout: seconds the ``wait`` policy blocks.
+    lock_wait_fallback: what ``wait`` does after its timeout: ``retry`` or ``fail``.
+    on_redis_error: when Redis is unreachable while taking a task's lock:
+        ``retry`` (re-send later, the default), ``fail`` (FAILURE with
+        BackendUnavailable) or ``run`` (run the body without a lock).
+    socket_timeout: socket timeout of the lock client, seconds.
+    semaphores: named limits shared across tasks, ``{"name": limit}``.
+    """
+
+    url: str = DEFAULT_URL
+    key_prefix: str = "redislock"
+    lock_ttl: float = 30.0
+    renew_interval: Optional[float] = None
+    on_contention: str = "retry"
+    lock_retry_backoff: float = 1.0
+    lock_retry_backoff_max: float = 30.0
+    lock_retry_max: Optional[int] = None
+    lock_wait_timeout: float = 60.0
+    lock_wait_fallback: str = "retry"
+    on_redis_error: str = "retry"
+    socket_timeout: float = 10.0
+    semaphores: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            validate(f.name, getattr(self, f.name), f"redislock_{f.name}")
+        if self.lock_retry_backoff_max < self.lock_retry_backoff:
+            raise ConfigurationError(
+                f"redislock_lock_retry_backoff_max ({self.lock_retry_backoff_max!r}) "
+                f"is below redislock_lock_retry_backoff ({self.lock_retry_backoff!r})"
+            )
+
+
+def _positive(value: Any, where: str, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{where} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{where} must be positive, got {value!r}")
+
+
+def _choice(value: Any, where: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigurationError(f"{where} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def validate(name: str, value: Any, where: str) -> None:
+    """Check one setting or task option; ``where`` names it in the error."""
+    if name in (
+        "lock_ttl",
+        "lock_retry_backoff",
+        "lock_retry_backoff_max",
+        "lock_wait_timeout",
+        "socket_timeout",
+    ):
+        _positive(value, where)
+    elif name == "renew_interval":
+        _positive(value, where, optional=True)
+    elif name == "lock_retry_max":
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise ConfigurationError(f"{where} must be None or an int >= 0, got {value!r}")
+    elif name == "on_contention":
+        _choice(value, where, CONTENTION_POLICIES)
+    elif name == "lock_wait_fallback":
+        _choice(value, where, WAIT_FALLBACKS)
+    elif name == "on_redis_error":
+        _choice(value, where, REDIS_ERROR_POLICIES)
+    elif name in ("url", "key_prefix"):
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(f"{where} must be a non-empty str, got {value!r}")
+    elif name == "semaphores":
+        if not isinstance(value, dict):
+            raise ConfigurationError(f"{where} must be a dict of name -> limit, got {value!r}")
+        for key, limit in value.items():
+            if (
+                not isinstance(key, str)
+                or isinstance(limit, bool)
+                or not isinstance(limit, int)
+                or limit < 1
+            ):
+                raise ConfigurationError(
+                    f"{where}[{key!r}] must map a str to an int >= 1, got {limit!r}"
+                )
+
+
+def _default_url(conf: Any) -> str:
+    broker = conf.get("broker_url") or ""
+    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://")):
+        return broker.split(";")[0]
+    return DEFAULT_URL
+
+
+def from_conf(conf: Any) -> Settings:
+    """Build Settings from a Celery ``app.conf`` (or any mapping)."""
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        key = f"redislock_{f.name}"
+        value = conf.get(key)
+        if value is not None:
+            values[f.name] = value
+    values.setdefault("url", _default_url(conf))
+    return Settings(**values)
+
+
+_lock = threading.Lock()
+_settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+
+
+def settings_for(app: Any) -> Settings:
+    """The validated settings of ``app``, built on first use."""
+    s = _settings.get(app)
+    if s is None:
+        with _lock:
+            s = _settings.get(app)
+            if s is None:
+                s = _settings[app] = from_conf(app.conf)
+    return s
+
+
+def client_for(app: Any) -> Any:
+    """The lock client of ``app`` in this process, built on first use."""
+    pid = os.getpid()
+    entry = _clients.get(app)
+    if entry is None or entry[0] != pid:
+        with _lock:
+            entry = _clients.get(app)
+            if entry is None or entry[0] != pid:
+                s = settings_for(app)
+                client = redis.Redis.from_url(
+                    s.url,
+                    socket_timeout=s.socket_timeout,
+                    socket_connect_timeout=min(s.socket_timeout, 5.0),
+                    health_check_interval=30,
+                )
+                entry = _clients[app] = (pid, client)
+    return entry[1]
+
+
+def reset(app: Any) -> None:
+    """Forget the cached settings and client of ``app`` (after changing app.conf)."""
+    with _lock:
+        _settings.pop(app, None)
+        _clients.pop(app, None)

@@ -1,0 +1,127 @@
+"""Compile a task's ``lock_key`` option into a function of the call's arguments.
+
+``lock_key`` may be None (one lock for the task), a list/tuple of parameter
+names, a ``str.format`` template over the parameters, or a callable taking the
+task's arguments.  Arguments are bound through the task's signature, so
+positional, keyword and default values give the same key.  Values are
+canonicalised with kombu's JSON (UUID, datetime, Decimal work) before they
+become part of a lock name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import string
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+from kombu.utils.json import JSONEncoder
+
+from .exceptions import ConfigurationError
+
+__all__ = ["KeySpec", "canonical"]
+
+
+def canonical(value: Any) -> str:
+    """Deterministic compact JSON of ``value`` (raises TypeError when impossible)."""
+    return json.dumps(
+        value, cls=JSONEncoder, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+class KeySpec:
+    """The ``lock_key`` of one task, checked against the task's signature."""
+
+    def __init__(self, task_name: str, run: Callable[..., Any], lock_key: Any) -> None:
+        self.task_name = task_name
+        self.lock_key = lock_key
+        try:
+            self.signature: Optional[inspect.Signature] = inspect.signature(run)
+        except (TypeError, ValueError):
+            self.signature = None
+        self.params: tuple[str, ...] = ()
+        self.template: Optional[str] = None
+        self.func: Optional[Callable[..., Any]] = None
+        if lock_key is None:
+            return
+        if isinstance(lock_key, str):
+            self.template = lock_key
+            self.params = tuple(
+                field.split(".")[0].split("[")[0]
+                for _, field, _, _ in string.Formatter().parse(lock_key)
+                if field
+            )
+        elif isinstance(lock_key, (list, tuple)):
+            if not lock_key or not all(isinstance(p, str) and p for p in lock_key):
+                raise self._error("must list parameter names as non-empty strings")
+            self.params = tuple(lock_key)
+        elif callable(lock_key):
+            self.func = lock_key
+        else:
+            raise self._error(
+                "must be None, a list of parameter names, a str template or a callable"
+            )
+        self._check_params()
+
+    def _error(self, what: str) -> ConfigurationError:
+        return ConfigurationError(f"task {self.task_name!r}: lock_key={self.lock_key!r} {what}")
+
+    def _check_params(self) -> None:
+        if self.signature is None or not self.params:
+            return
+        parameters = self.signature.parameters
+        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            return  # **kwargs may carry anything; checked per call instead
+        for name in self.params:
+            if name.isdigit():
+                raise self._error(f"uses positional field {{{name}}}; name the parameter")
+            if name not in parameters:
+                raise self._error(
+                    f"names parameter {name!r}, but the task's parameters are "
+                    f"({', '.join(parameters)})"
+                )
+
+    def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults applied."""
+        if self.signature is None:
+            return dict(kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"task {self.task_name!r} called with bad arguments: {exc}") from exc
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        for p in self.signature.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                arguments.update(arguments.pop(p.name, {}))
+        return arguments
+
+    def key(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+        """The per-call part of the lock name ("" for one lock per task)."""
+        if self.lock_key is None:
+            return ""
+        if self.func is not None:
+            value = self.func(*args, **kwargs)
+            return (
+                value
+                if isinstance(value, str)
+                else self._canonical("the lock_key callable's result", value)
+            )
+        arguments = self.bind(args, kwargs)
+        missing = [p for p in self.params if p not in arguments]
+        if missing:
+            raise self._error(f"names {missing!r}, not among this call's arguments")
+        if self.template is not None:
+            return self.template.format(**arguments)
+        values = [arguments[p] for p in self.params]
+        return self._canonical(f"argument(s) {', '.join(self.params)}", values)
+
+    def _canonical(self, what: str, value: Any) -> str:
+        try:
+            return canonical(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"task {self.task_name!r}: cannot build a lock key from {what} = {value!r}: "
+                f"{exc} (use values kombu's JSON can encode, or a lock_key callable)"
+            ) from exc
