@@ -16,6 +16,8 @@ from .exceptions import (
     TaskSkipped,
 )
 from .locks import Lock
+from .rwlock import ReadWriteLock
+from .semaphore import Semaphore
 from .task import Hold, LockedTask
 
 try:
@@ -34,6 +36,8 @@ __all__ = [
     "LockNotOwned",
     "LockTimeout",
     "LockedTask",
+    "ReadWriteLock",
+    "Semaphore",
     "RedisLockError",
     "TaskSkipped",
     "__version__",

@@ -1,9 +1,11 @@
-"""Pure functions that turn lock names and argument values into Redis keys.
+"""Pure functions that turn primitive names into Redis keys.
 
-Every key of one lock shares one Redis Cluster hash tag, ``{<prefix>:<name>}``,
-so every script touching a lock runs unchanged on Redis Cluster.  Names that
-are long or contain braces are replaced by a digest inside the tag, so any
-name of any length or characters is safe.
+Every key of one primitive shares one Redis Cluster hash tag, ``{<name>}``
+after the prefix, so every script touching it runs unchanged on Redis
+Cluster.  Names that are long or contain braces are replaced by a digest
+inside the tag, so any name of any length or characters is safe.  Locks,
+semaphores and read-write locks of the same name use different key suffixes
+and never collide.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-__all__ = ["MAX_PLAIN_NAME", "LockKeys", "digest", "lock_keys", "tag"]
+__all__ = ["MAX_PLAIN_NAME", "LockKeys", "MultiKeys", "digest", "lock_keys", "multi_keys", "tag"]
 
 #: Names longer than this many characters are digested rather than spelled out.
 MAX_PLAIN_NAME = 200
@@ -25,7 +27,7 @@ def digest(data: str | bytes, length: int = 32) -> str:
 
 
 def tag(prefix: str, name: str) -> str:
-    """The hash-tagged base of every key of lock ``name``: ``prefix:{name}``.
+    """The hash-tagged base of every key of ``name``: ``prefix:{name}``.
 
     A name that could break the hash tag (braces), is very long, or starts
     with ``#`` (the digest marker) is replaced by ``#<digest>``, so two
@@ -37,17 +39,44 @@ def tag(prefix: str, name: str) -> str:
 
 
 class LockKeys(NamedTuple):
-    """The Redis keys of one lock, all in one hash slot."""
+    """The Redis keys of one mutex, all in one hash slot."""
 
     lock: str  # string: the owner token, with a millisecond lease (PX)
     fence: str  # counter: the fencing token of the latest grant; never expires
-    queue: str  # sorted set: waiting owner tokens, scored by arrival (FIFO)
-    meta: str  # hash: waiting owner token -> "deadline_ms:ttl_ms"
+    queue: str  # sorted set: waiting tokens, scored by arrival (FIFO)
+    meta: str  # hash: waiting token -> "deadline_ms:lease_ms:kind:mode"
+    pmsg: str  # hash: parked token -> task payload, until its run claims it
+    inflight: str  # sorted set: granted parked token -> reservation deadline
     wake: str  # prefix of per-waiter lists the release pushes the fence to
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.lock, self.fence, self.queue, self.meta]
+        return [self.lock, self.fence, self.queue, self.meta, self.pmsg, self.inflight]
+
+
+class MultiKeys(NamedTuple):
+    """The Redis keys of one semaphore or read-write lock, all in one hash slot."""
+
+    holders: str  # sorted set: holder token -> lease expiry (server ms)
+    fence: str
+    queue: str
+    meta: str
+    pmsg: str
+    inflight: str
+    info: str  # hash: holder token -> fence, '!limit', '!writer'
+    wake: str
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [
+            self.holders,
+            self.fence,
+            self.queue,
+            self.meta,
+            self.pmsg,
+            self.inflight,
+            self.info,
+        ]
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:
@@ -57,5 +86,22 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
         fence=f"{base}:fence",
         queue=f"{base}:queue",
         meta=f"{base}:qmeta",
+        pmsg=f"{base}:parked",
+        inflight=f"{base}:inflight",
+        wake=f"{base}:wake:",
+    )
+
+
+def multi_keys(prefix: str, name: str, kind: str) -> MultiKeys:
+    """Keys of semaphore (``kind="sem"``) or read-write lock (``kind="rw"``) ``name``."""
+    base = f"{tag(prefix, name)}:{kind}"
+    return MultiKeys(
+        holders=f"{base}:holders",
+        fence=f"{base}:fence",
+        queue=f"{base}:queue",
+        meta=f"{base}:qmeta",
+        pmsg=f"{base}:parked",
+        inflight=f"{base}:inflight",
+        info=f"{base}:info",
         wake=f"{base}:wake:",
     )

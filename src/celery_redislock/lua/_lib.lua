@@ -1,5 +1,21 @@
 -- Shared helpers, prepended by scripts.py to every script that starts with
 -- "-- include: _lib".  Defines nothing but local functions.
+--
+-- Every primitive keeps one FIFO queue of would-be holders:
+--   queue  sorted set  token -> arrival (ms); the head is served first
+--   meta   hash        token -> "deadline_ms:lease_ms:kind:mode"
+--          kind 'w': a blocked caller, woken by a push to its wake list
+--          kind 'p': a parked task message (payload in pmsg), re-published
+--                    by whoever's script grants it; deadline is unbounded
+--          mode: 'x' (exclusive: mutex, or the write side of a read-write
+--          lock), 's' (semaphore permit), 'r' (read side)
+--   pmsg   hash        token -> payload of a parked task (until claimed)
+--   inflight sorted set token -> reservation deadline of a granted parked
+--          task not yet claimed by its re-published run
+
+-- Deadline of parked entries: they wait as long as it takes.  A string, since
+-- Lua would print so large a number in exponent form.
+local PARKED = '9007199254740991'
 
 -- Milliseconds from the server's clock, never a worker's.
 local function now_ms()
@@ -7,36 +23,156 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- FIFO handoff of a free mutex.  Pops waiters from the head of the queue,
--- dropping those whose deadline has passed (they gave up or died), and grants
--- the lock to the first live one: the lock key is set to its token with its
--- own lease, the fence is incremented, and the fence is pushed to its wake
--- list (unless it is `self`, the caller of the script, who learns it from the
--- reply).  Exactly one waiter is woken: no thundering herd.
--- Returns the granted token and its fence, or nil when nobody is waiting.
-local function handoff(lock, fence, queue, meta, wake, now, self)
+local function parse_meta(m)
+  local deadline, ttl, kind, mode = string.match(m, '^(%d+):(%d+):(%a):(%a)$')
+  return tonumber(deadline), ttl, kind, mode
+end
+
+-- Queue `token` (a blocked waiter or a parked task).  NX keeps the original
+-- place in line when a waiter calls again; `front` puts it at the head (a
+-- parked task whose reservation lapsed was next in line already).
+local function enqueue(Q, token, now, deadline, ttl, kind, mode, front)
+  local score = now
+  if front then score = 0 end
+  redis.call('ZADD', Q.queue, 'NX', score, token)
+  redis.call('HSET', Q.meta, token, deadline .. ':' .. ttl .. ':' .. kind .. ':' .. mode)
+end
+
+local function dequeue(Q, token)
+  redis.call('ZREM', Q.queue, token)
+  redis.call('HDEL', Q.meta, token)
+end
+
+-- FIFO handoff.  Walks the queue from the head, dropping waiters whose
+-- deadline has passed (they gave up or died), and grants to each live head
+-- for which can(mode) holds, stopping at the first that must wait (so nobody
+-- overtakes it).  grant(token, ttl, mode, fence) records the new holder.
+-- Exactly the granted waiters are woken (no thundering herd): a blocked one
+-- through its wake list, a parked one by appending (token, payload) to `out`
+-- for the caller to re-publish.  `self` (the caller of the script) is not
+-- woken; the fence it was granted is returned.
+local function serve(Q, now, self, can, grant, out)
+  local self_fence = nil
   while true do
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    if not head then
-      return nil
-    end
-    local m = redis.call('HGET', meta, head)
-    redis.call('ZREM', queue, head)
-    redis.call('HDEL', meta, head)
-    if m then
-      local sep = string.find(m, ':', 1, true)
-      local deadline = tonumber(string.sub(m, 1, sep - 1))
-      local ttl = string.sub(m, sep + 1)
-      if deadline >= now then
-        local f = redis.call('INCR', fence)
-        redis.call('SET', lock, head, 'PX', ttl)
-        if head ~= self then
-          local wk = wake .. head
-          redis.call('RPUSH', wk, f)
-          redis.call('PEXPIRE', wk, ttl)
-        end
-        return head, f
+    local head = redis.call('ZRANGE', Q.queue, 0, 0)[1]
+    if not head then break end
+    local m = redis.call('HGET', Q.meta, head)
+    local deadline, ttl, kind, mode
+    if m then deadline, ttl, kind, mode = parse_meta(m) end
+    if not m or deadline < now then
+      dequeue(Q, head)
+    elseif not can(mode) then
+      break
+    else
+      if kind == 'p' and head ~= self then
+        -- Keep its meta while in flight: requeue_lapsed() needs its mode.
+        redis.call('ZREM', Q.queue, head)
+      else
+        dequeue(Q, head)
+      end
+      local f = redis.call('INCR', Q.fence)
+      grant(head, ttl, mode, f)
+      if head == self then
+        self_fence = f
+        redis.call('HDEL', Q.pmsg, head)
+      elseif kind == 'p' then
+        redis.call('ZADD', Q.inflight, now + tonumber(ttl), head)
+        out[#out + 1] = head
+        out[#out + 1] = redis.call('HGET', Q.pmsg, head) or ''
+      else
+        local wk = Q.wake .. head
+        redis.call('RPUSH', wk, f)
+        redis.call('PEXPIRE', wk, ttl)
       end
     end
   end
+  return self_fence
+end
+
+-- A parked task's re-published run presents its token.  Returns 'dup' when
+-- that token was claimed already (a duplicate delivery: drop it), 'claimed'
+-- when this run is the one, or nil when the token is not a parked one.
+local function claim(Q, token)
+  if redis.call('ZSCORE', Q.inflight, token) or redis.call('HEXISTS', Q.pmsg, token) == 1 then
+    redis.call('ZREM', Q.inflight, token)
+    redis.call('HDEL', Q.pmsg, token)
+    dequeue(Q, token)
+    return 'claimed'
+  end
+  return 'dup'
+end
+
+-- Parked tasks whose reservation lapsed unclaimed (the releasing worker died
+-- before re-publishing, or the message was lost): put them back at the head
+-- of the queue, where serve() grants and re-publishes them.
+local function requeue_lapsed(Q, now, mode)
+  local lapsed = redis.call('ZRANGEBYSCORE', Q.inflight, '-inf', now - 1)
+  for _, token in ipairs(lapsed) do
+    redis.call('ZREM', Q.inflight, token)
+    local m = redis.call('HGET', Q.meta, token)
+    local mode_of = mode
+    if m then mode_of = select(4, parse_meta(m)) or mode end
+    enqueue(Q, token, now, PARKED, Q.reserve, 'p', mode_of, true)
+  end
+  return #lapsed
+end
+
+-- The reply of every acquire: {status, fence or wait hint ms, holder, now ms,
+-- token, payload, ...}: status 1 = held, 0 = contended, -1 = duplicate run of
+-- a parked task; the pairs are parked tasks this call granted, for the
+-- caller to re-publish.
+local function reply(status, n, holder, now, out)
+  local r = {status, n, holder or '', now}
+  for i = 1, #out do r[#r + 1] = out[i] end
+  return r
+end
+
+-- Semaphores and read-write locks: several holders, each with its own lease.
+--   holders  sorted set token -> lease expiry (server ms)
+--   info     hash token -> fence of that hold; '!limit' -> the semaphore's
+--            limit as last set by an acquire; '!writer' -> the write holder
+local function multi(KEYS, ARGV_wake, ARGV_reserve)
+  return {holders = KEYS[1], fence = KEYS[2], queue = KEYS[3], meta = KEYS[4],
+          pmsg = KEYS[5], inflight = KEYS[6], info = KEYS[7],
+          wake = ARGV_wake, reserve = ARGV_reserve}
+end
+
+local function drop_holder(Q, token)
+  redis.call('ZREM', Q.holders, token)
+  redis.call('HDEL', Q.info, token)
+  if redis.call('HGET', Q.info, '!writer') == token then
+    redis.call('HDEL', Q.info, '!writer')
+  end
+end
+
+-- Holders whose lease ran out (crashed) give their permit back.
+local function prune(Q, now)
+  for _, t in ipairs(redis.call('ZRANGEBYSCORE', Q.holders, '-inf', now - 1)) do
+    drop_holder(Q, t)
+  end
+end
+
+-- can() and grant() for serve(): mode 's' within the limit, 'r' while no
+-- writer holds, 'x' only when nobody holds.
+local function multi_rules(Q, now, limit)
+  local function can(mode)
+    if mode == 's' then
+      return redis.call('ZCARD', Q.holders) < limit
+    elseif mode == 'r' then
+      return not redis.call('HGET', Q.info, '!writer')
+    end
+    return redis.call('ZCARD', Q.holders) == 0
+  end
+  local function grant(t, lease, mode, f)
+    redis.call('ZADD', Q.holders, now + tonumber(lease), t)
+    redis.call('HSET', Q.info, t, f)
+    if mode == 'x' then
+      redis.call('HSET', Q.info, '!writer', t)
+    end
+  end
+  return can, grant
+end
+
+local function stored_limit(Q)
+  return tonumber(redis.call('HGET', Q.info, '!limit') or '1')
 end

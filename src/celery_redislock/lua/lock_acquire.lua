@@ -2,48 +2,74 @@
 -- Acquire a mutex in one round trip, or take a place in its FIFO queue.
 -- KEYS[1] lock key (string: owner token, lease in PX)
 -- KEYS[2] fence counter (INCR on every grant, never expires)
--- KEYS[3] waiter queue (sorted set: owner token -> arrival ms)
--- KEYS[4] waiter meta (hash: owner token -> "deadline_ms:lease_ms")
+-- KEYS[3] queue    KEYS[4] meta    KEYS[5] pmsg    KEYS[6] inflight  (see _lib.lua)
 -- ARGV[1] owner token of the caller
 -- ARGV[2] lease in ms
--- ARGV[3] how long the caller is prepared to wait, in ms; 0 = do not queue
+-- ARGV[3] how long the caller will block waiting, in ms; 0 = do not wait
 -- ARGV[4] prefix of the wake-list keys (wake list = prefix .. token)
 -- ARGV[5] grace in ms added to a waiter's deadline before it counts as gone
--- Returns {1, fence} when the caller now holds the lock (also when it already
--- did: a retried call whose first reply was lost, or a grant made by a release
--- while the caller waited), or {0, holder's remaining lease in ms, holder token}.
+-- ARGV[6] payload to park when contended ('' = do not park)
+-- ARGV[7] reservation lease in ms for parked tasks granted by this call
+-- ARGV[8] '1' when the caller is the re-published run of a parked task
+-- Returns reply(): {1, fence, '', now, pairs...} when the caller holds the lock
+-- (also when it already did: a retried call whose reply was lost, or a grant
+-- made by a release while it waited), {0, holder's remaining lease ms, holder,
+-- now, pairs...} when it does not, {-1, ...} for a duplicate parked run.
 local token, ttl, wait, wake = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local grace = tonumber(ARGV[5])
-local holder = redis.call('GET', KEYS[1])
+local grace, payload = tonumber(ARGV[5]), ARGV[6] or ''
+local lock = KEYS[1]
+local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
+           inflight = KEYS[6], wake = wake, reserve = ARGV[7] or '10000'}
+local out = {}
+local front = false
+if ARGV[8] == '1' then
+  if claim(Q, token) == 'dup' then
+    return reply(-1, 0, '', 0, out)
+  end
+  front = true
+end
+local holder = redis.call('GET', lock)
 if holder == token then
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', lock, ttl)
   redis.call('DEL', wake .. token)
-  return {1, tonumber(redis.call('GET', KEYS[2]))}
+  return reply(1, tonumber(redis.call('GET', KEYS[2])), '', 0, out)
 end
 local now = now_ms()
+requeue_lapsed(Q, now, 'x')
 if wait > 0 then
-  -- NX keeps the original place in line when a waiter calls again.
-  redis.call('ZADD', KEYS[3], 'NX', now, token)
-  redis.call('HSET', KEYS[4], token, (now + wait + grace) .. ':' .. ttl)
+  enqueue(Q, token, now, now + wait + grace, ttl, 'w', 'x', front)
+elseif payload ~= '' and front then
+  enqueue(Q, token, now, PARKED, Q.reserve, 'p', 'x', true)
+  redis.call('HSET', Q.pmsg, token, payload)
 end
 if not holder then
-  -- Free, but waiters that arrived first are served first (no barging).
-  local granted, f = handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], wake, now, token)
-  if granted == token then
+  -- Free, but those who queued first are served first (no barging).
+  local free = true
+  local function can(mode) return free end
+  local function grant(t, lease, mode, f)
+    redis.call('SET', lock, t, 'PX', lease)
+    free = false
+  end
+  local f = serve(Q, now, token, can, grant, out)
+  if f then
+    redis.call('PEXPIRE', lock, ttl)  -- a parked caller was granted its reservation
     redis.call('DEL', wake .. token)
-    return {1, f}
+    return reply(1, f, '', now, out)
   end
-  if not granted then
+  if free then
     f = redis.call('INCR', KEYS[2])
-    redis.call('SET', KEYS[1], token, 'PX', ttl)
-    return {1, f}
+    redis.call('SET', lock, token, 'PX', ttl)
+    return reply(1, f, '', now, out)
   end
-  holder = granted
+  holder = redis.call('GET', lock)
 end
-local pttl = redis.call('PTTL', KEYS[1])
+local pttl = redis.call('PTTL', lock)
 if wait > 0 and pttl > 0 and pttl < wait then
-  -- The caller will wake by itself when the holder's lease runs out; a
-  -- deadline past that (plus grace) means it died while waiting.
-  redis.call('HSET', KEYS[4], token, (now + pttl + grace) .. ':' .. ttl)
+  -- The caller wakes by itself when the holder's lease runs out; a deadline
+  -- past that (plus grace) means it died while waiting.
+  enqueue(Q, token, now, now + pttl + grace, ttl, 'w', 'x', front)
+elseif wait == 0 and payload ~= '' and not front then
+  enqueue(Q, token, now, PARKED, Q.reserve, 'p', 'x', false)
+  redis.call('HSET', Q.pmsg, token, payload)
 end
-return {0, pttl, holder}
+return reply(0, pttl, holder, now, out)

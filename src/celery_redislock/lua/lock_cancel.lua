@@ -1,19 +1,31 @@
 -- include: _lib
 -- A waiter gives up: leave the queue, unless a release already granted it the lock.
--- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] waiter queue   KEYS[4] waiter meta
+-- KEYS[1] lock key   KEYS[2] fence   KEYS[3..6] queue, meta, pmsg, inflight
 -- ARGV[1] owner token of the waiter
 -- ARGV[2] prefix of the wake-list keys
--- Returns {1, fence} when the waiter holds the lock after all, else {0}.
-local token, wake = ARGV[1], ARGV[2]
-local holder = redis.call('GET', KEYS[1])
+-- ARGV[3] reservation lease in ms for parked tasks granted by this call
+-- Returns reply(): {1, fence, ...} when the waiter holds the lock after all,
+-- else {0, 0, '', now, pairs...}.
+local token, wake, lock = ARGV[1], ARGV[2], KEYS[1]
+local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
+           inflight = KEYS[6], wake = wake, reserve = ARGV[3]}
+local holder = redis.call('GET', lock)
+local out = {}
 redis.call('DEL', wake .. token)
 if holder == token then
-  return {1, tonumber(redis.call('GET', KEYS[2]))}
+  return reply(1, tonumber(redis.call('GET', KEYS[2])), '', 0, out)
 end
-redis.call('ZREM', KEYS[3], token)
-redis.call('HDEL', KEYS[4], token)
+dequeue(Q, token)
+local now = now_ms()
 if not holder then
   -- The holder's lease ran out with nobody releasing: serve the next in line.
-  handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], wake, now_ms(), false)
+  local free = true
+  local function can(mode) return free end
+  local function grant(t, lease, mode, f)
+    redis.call('SET', lock, t, 'PX', lease)
+    free = false
+  end
+  requeue_lapsed(Q, now, 'x')
+  serve(Q, now, false, can, grant, out)
 end
-return {0}
+return reply(0, 0, '', now, out)

@@ -1,22 +1,38 @@
 -- include: _lib
 -- Release a mutex in one round trip and hand it to the next live waiter.
--- KEYS[1] lock key   KEYS[2] fence counter   KEYS[3] waiter queue   KEYS[4] waiter meta
+-- KEYS[1] lock key   KEYS[2] fence   KEYS[3..6] queue, meta, pmsg, inflight
 -- ARGV[1] owner token (or a token prefix when ARGV[3] == '1')
 -- ARGV[2] prefix of the wake-list keys
 -- ARGV[3] '1' to match ARGV[1] as a prefix (a worker's main process reaping
 --         the lock of a child it has killed), anything else for an exact match
--- Returns 1 when released, 0 when the caller is not the holder (nothing changed).
-local holder = redis.call('GET', KEYS[1])
+-- ARGV[4] reservation lease in ms for parked tasks granted by this call
+-- Returns {1, now, pairs...} when released (pairs: parked tasks granted, to
+-- re-publish), {0} when the caller is not the holder (nothing changed).
+local lock = KEYS[1]
+local holder = redis.call('GET', lock)
 if not holder then
-  return 0
+  return {0}
 end
 if ARGV[3] == '1' then
   if string.sub(holder, 1, #ARGV[1]) ~= ARGV[1] then
-    return 0
+    return {0}
   end
 elseif holder ~= ARGV[1] then
-  return 0
+  return {0}
 end
-redis.call('DEL', KEYS[1])
-handoff(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], now_ms(), false)
-return 1
+redis.call('DEL', lock)
+local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
+           inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[4]}
+local now = now_ms()
+local out = {}
+local free = true
+local function can(mode) return free end
+local function grant(t, lease, mode, f)
+  redis.call('SET', lock, t, 'PX', lease)
+  free = false
+end
+requeue_lapsed(Q, now, 'x')
+serve(Q, now, false, can, grant, out)
+local r = {1, now}
+for i = 1, #out do r[#r + 1] = out[i] end
+return r

@@ -1,0 +1,66 @@
+-- include: _lib
+-- Acquire a semaphore permit or a side of a read-write lock in one round
+-- trip, or take a place in the FIFO queue.
+-- KEYS[1] holders  KEYS[2] fence  KEYS[3] queue  KEYS[4] meta  KEYS[5] pmsg
+-- KEYS[6] inflight  KEYS[7] info   (see _lib.lua)
+-- ARGV[1] owner token   ARGV[2] lease ms   ARGV[3] wait ms (0 = do not wait)
+-- ARGV[4] wake-list key prefix   ARGV[5] grace ms
+-- ARGV[6] payload to park when contended ('' = do not park)
+-- ARGV[7] reservation lease ms for parked tasks   ARGV[8] '1' = parked run
+-- ARGV[9] mode: 's' semaphore, 'r' read, 'x' write
+-- ARGV[10] semaphore limit (mode 's'; stored for releases to use)
+-- Returns reply() as lock_acquire.lua does; when contended the hint is the
+-- time until the earliest holder's lease runs out, the holder that holder.
+local token, ttl, wait = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local grace, payload, mode = tonumber(ARGV[5]), ARGV[6], ARGV[9]
+local Q = multi(KEYS, ARGV[4], ARGV[7])
+local out = {}
+local front = false
+if ARGV[8] == '1' then
+  if claim(Q, token) == 'dup' then
+    return reply(-1, 0, '', 0, out)
+  end
+  front = true
+end
+local now = now_ms()
+prune(Q, now)
+if redis.call('ZSCORE', Q.holders, token) then
+  redis.call('ZADD', Q.holders, now + tonumber(ttl), token)
+  redis.call('DEL', Q.wake .. token)
+  return reply(1, tonumber(redis.call('HGET', Q.info, token)), '', now, out)
+end
+if mode == 's' then
+  redis.call('HSET', Q.info, '!limit', ARGV[10])
+end
+local can, grant = multi_rules(Q, now, stored_limit(Q))
+requeue_lapsed(Q, now, mode)
+if wait > 0 then
+  enqueue(Q, token, now, now + wait + grace, ttl, 'w', mode, front)
+elseif payload ~= '' and front then
+  enqueue(Q, token, now, PARKED, Q.reserve, 'p', mode, true)
+  redis.call('HSET', Q.pmsg, token, payload)
+end
+local f = serve(Q, now, token, can, grant, out)
+if f then
+  redis.call('ZADD', Q.holders, now + tonumber(ttl), token)
+  redis.call('DEL', Q.wake .. token)
+  return reply(1, f, '', now, out)
+end
+if redis.call('ZCARD', Q.queue) == 0 and can(mode) then
+  f = redis.call('INCR', Q.fence)
+  grant(token, ttl, mode, f)
+  return reply(1, f, '', now, out)
+end
+local first = redis.call('ZRANGE', Q.holders, 0, 0, 'WITHSCORES')
+local hint, holder = tonumber(ttl), ''
+if first[1] then
+  holder = first[1]
+  hint = math.max(1, tonumber(first[2]) - now)
+end
+if wait > 0 and hint < wait then
+  enqueue(Q, token, now, now + hint + grace, ttl, 'w', mode, front)
+elseif wait == 0 and payload ~= '' and not front then
+  enqueue(Q, token, now, PARKED, Q.reserve, 'p', mode, false)
+  redis.call('HSET', Q.pmsg, token, payload)
+end
+return reply(0, hint, holder, now, out)

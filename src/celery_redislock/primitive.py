@@ -1,0 +1,351 @@
+"""The machinery every primitive shares: acquire-or-wait, release, renewal, parking.
+
+A subclass names its scripts and keys; this class runs the protocol:
+
+- ``acquire`` sends one script call.  Uncontended, that is the only round
+  trip.  Contended and blocking, the script has queued the caller (FIFO) and
+  returned the holder's remaining lease; the caller then BLPOPs its own wake
+  list, which a release pushes the fence to when it hands over.  The BLPOP is
+  bounded by the holder's lease, so a crashed holder costs at most that, after
+  which the caller asks again, keeping its place.  Giving up sends a cancel,
+  which also catches a grant that raced with the timeout.
+- ``release`` is one script call that also hands over to the next in line.
+- While held, the per-process keeper (renewal.py) renews the lease.
+- Parking (used by LockedTask's ``on_contention="park"``): a contended caller
+  leaves a payload in the queue instead of blocking; whichever script call
+  later grants it returns the payload, and ``on_parked`` re-publishes it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Optional
+
+from . import _common, renewal, scripts
+from ._common import FOREVER_MS, GRACE_MS, call, decode, to_ms
+from .exceptions import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout
+
+__all__ = ["DEFAULT_PARK_RESERVE", "Parked", "Primitive"]
+
+#: Seconds a granted parked task may take to start before it is re-published.
+DEFAULT_PARK_RESERVE = 10.0
+
+#: (token, payload) of a parked task that a script call granted.
+Parked = tuple[str, bytes]
+
+
+def _pairs(items: list[Any]) -> list[Parked]:
+    return [(decode(items[i]), items[i + 1]) for i in range(0, len(items) - 1, 2)]
+
+
+class Primitive:
+    """Base of Lock, Semaphore and the sides of ReadWriteLock."""
+
+    kind: ClassVar[str] = "lock"
+    ACQUIRE: ClassVar[str]
+    RELEASE: ClassVar[str]
+    CANCEL: ClassVar[str]
+    EXTEND: ClassVar[str]
+    RECOVER: ClassVar[str]
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        prefix: str = "redislock",
+        timeout: Optional[float] = None,
+        renew: bool = True,
+        renew_interval: Optional[float] = None,
+        owner: str = "",
+        on_lost: Optional[Callable[[Any, str], None]] = None,
+        on_parked: Optional[Callable[[list[Parked]], None]] = None,
+        park_reserve: float = DEFAULT_PARK_RESERVE,
+    ) -> None:
+        what = f"{self.kind} {name!r}"
+        self.client = client
+        self.name = _common.check_name(name, f"{self.kind} name")
+        self.ttl = float(_common.check_seconds(ttl, f"ttl of {what}") or 0)
+        self.timeout = _common.check_seconds(timeout, f"timeout of {what}", allow_none=True)
+        interval = _common.check_seconds(
+            renew_interval, f"renew_interval of {what}", allow_none=True
+        )
+        if interval is not None and interval >= self.ttl:
+            raise ConfigurationError(
+                f"renew_interval of {what} must be shorter than its ttl "
+                f"({self.ttl}), got {interval!r}"
+            )
+        self.renew_interval = interval if interval is not None else self.ttl / 3
+        self.renew = renew
+        self.owner = owner
+        self.on_lost = on_lost
+        self.on_parked = on_parked
+        self.park_reserve = float(
+            _common.check_seconds(park_reserve, f"park_reserve of {what}") or 0
+        )
+        self.prefix = _common.check_name(prefix, "prefix")
+        #: Fencing token of the current hold, or None when not held.
+        self.fence: Optional[int] = None
+        #: True once renewal (or release) found that the lease ran out while held.
+        self.lost = False
+        #: A holder's token and remaining lease (ms) seen by the last failed acquire.
+        self.holder: Optional[str] = None
+        self.holder_ttl_ms: Optional[int] = None
+        self._token: Optional[str] = None
+
+    # -- what subclasses provide ---------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """The key that exists while the primitive is held (the lease lives there)."""
+        raise NotImplementedError
+
+    @property
+    def wake_prefix(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def script_keys(self) -> list[str]:
+        raise NotImplementedError
+
+    def _extra_args(self) -> list[Any]:
+        """ARGV after the common ones of the acquire script."""
+        return []
+
+    def __repr__(self) -> str:
+        state = f"held fence={self.fence}" if self._token else "not held"
+        return f"<{type(self).__name__} {self.name!r} {state}>"
+
+    @property
+    def token(self) -> Optional[str]:
+        """The owner token of the current hold, or None."""
+        return self._token
+
+    # -- acquire ---------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take it; True when held, False when not (non-blocking, or timed out).
+
+        ``timeout`` None with ``blocking`` waits forever.
+        """
+        if timeout is not None:
+            if not blocking:
+                raise ValueError("can't specify a timeout for a non-blocking acquire")
+            _common.check_seconds(timeout, f"acquire timeout of {self.kind} {self.name!r}")
+        token = self._new_token()
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        cap = _common.block_cap(self.client)
+
+        def wait_ms() -> int:
+            if not blocking:
+                return 0
+            left = deadline - time.monotonic()
+            return FOREVER_MS if left == math.inf else max(1, int(left * 1000))
+
+        status = self._attempt(token, wait_ms())
+        while status == 0:
+            if not blocking:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._give_up(token)
+            # Block until a release hands over, or until the holder's lease
+            # would have run out (it may have crashed); then ask again.
+            block = min(left, max(self.holder_ttl_ms or 1, 1) / 1000.0 + 0.002)
+            if cap is not None:
+                block = min(block, cap)
+            popped = call(
+                "acquire", self.key, self.client.blpop, [self.wake_prefix + token], timeout=block
+            )
+            if popped is not None:
+                return self._granted(token, int(popped[1]))
+            status = self._attempt(token, wait_ms())
+        return True
+
+    def acquire_or_park(self, token: str, payload: bytes | str, *, claim: bool = False) -> str:
+        """Take it now, or leave ``payload`` parked in the FIFO queue under ``token``.
+
+        Returns ``"held"``, ``"parked"``, or ``"duplicate"`` when ``claim`` is
+        set and that parked token's run has already claimed it (a second
+        delivery of the same re-published task).  One round trip.
+        """
+        if self._token is not None:
+            raise LockError(f"{self.kind} {self.name!r} is already held by this object", self.key)
+        status = self._attempt(token, 0, payload, claim)
+        return {1: "held", 0: "parked", -1: "duplicate"}[status]
+
+    def _new_token(self) -> str:
+        if self._token is not None:
+            raise LockError(f"{self.kind} {self.name!r} is already held by this object", self.key)
+        return _common.new_token(self.owner)
+
+    def _attempt(
+        self, token: str, wait_ms: int, payload: bytes | str = "", claim: bool = False
+    ) -> int:
+        reply = call(
+            "acquire",
+            self.key,
+            scripts.get(self.ACQUIRE),
+            keys=self.script_keys,
+            args=[
+                token,
+                to_ms(self.ttl),
+                wait_ms,
+                self.wake_prefix,
+                GRACE_MS,
+                payload,
+                to_ms(self.park_reserve),
+                1 if claim else 0,
+                *self._extra_args(),
+            ],
+            client=self.client,
+        )
+        status = int(reply[0])
+        self._publish(reply[4:])
+        if status == 1:
+            self._granted(token, int(reply[1]))
+        elif status == 0:
+            self.holder = decode(reply[2])
+            self.holder_ttl_ms = int(reply[1])
+        return status
+
+    def _give_up(self, token: str) -> bool:
+        reply = call(
+            "acquire",
+            self.key,
+            scripts.get(self.CANCEL),
+            keys=self.script_keys,
+            args=[token, self.wake_prefix, to_ms(self.park_reserve)],
+            client=self.client,
+        )
+        self._publish(reply[4:])
+        if int(reply[0]) == 1:  # a release granted it to us just in time
+            return self._granted(token, int(reply[1]))
+        return False
+
+    def _granted(self, token: str, fence: int) -> bool:
+        self._token = token
+        self.fence = fence
+        self.lost = False
+        self.holder = self.holder_ttl_ms = None
+        if self.renew:
+            renewal.keeper().add(self)
+        return True
+
+    def _publish(self, items: list[Any]) -> None:
+        if not items:
+            return
+        parked = _pairs(items)
+        if self.on_parked is None:
+            renewal.logger.error(
+                "%s %r granted %d parked task(s) but has no on_parked to re-publish them; "
+                "they are re-published when their reservation lapses",
+                self.kind,
+                self.name,
+                len(parked),
+            )
+            return
+        self.on_parked(parked)
+
+    # -- release / extend / recover --------------------------------------------
+
+    def release(self) -> None:
+        """Release and hand over to the next in line (one round trip).
+
+        Raises LockNotOwned when this object does not hold it, and LockLost
+        when it did but its lease ran out (whoever holds it now is untouched).
+        """
+        token = self._token
+        if token is None:
+            raise LockNotOwned(f"cannot release {self.kind} {self.name!r}: not acquired", self.key)
+        renewal.keeper().discard(self)
+        self._token = None
+        fence, self.fence = self.fence, None
+        reply = call(
+            "release",
+            self.key,
+            scripts.get(self.RELEASE),
+            keys=self.script_keys,
+            args=[token, self.wake_prefix, 0, to_ms(self.park_reserve)],
+            client=self.client,
+        )
+        if not int(reply[0]):
+            self.lost = True
+            raise LockLost(
+                f"{self.kind} {self.name!r} (fence {fence}) had expired before release; "
+                "another owner may have held it since",
+                self.key,
+            )
+        self._publish(reply[2:])
+
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the primitive's ttl) from now."""
+        token = self._token
+        if token is None:
+            raise LockNotOwned(f"cannot extend {self.kind} {self.name!r}: not acquired", self.key)
+        seconds = self.ttl if ttl is None else _common.check_seconds(ttl, "extend ttl")
+        ok = call(
+            "extend",
+            self.key,
+            scripts.get(self.EXTEND),
+            keys=[self.key],
+            args=[token, to_ms(seconds or self.ttl)],
+            client=self.client,
+        )
+        if not int(ok):
+            self._token = None
+            renewal.keeper().discard(self)
+            self._mark_lost("extend found the lease gone")
+            raise LockLost(
+                f"cannot extend {self.kind} {self.name!r}: its lease had expired", self.key
+            )
+
+    def recover(self) -> int:
+        """Re-grant parked tasks nobody else would wake (crash recovery); one round trip.
+
+        Returns when (server ms) it should be called again, or -1 when
+        nothing is parked any more.
+        """
+        reply = call(
+            "recover",
+            self.key,
+            scripts.get(self.RECOVER),
+            keys=self.script_keys,
+            args=[self.wake_prefix, to_ms(self.park_reserve)],
+            client=self.client,
+        )
+        self._publish(reply[1:])
+        return int(reply[0])
+
+    # -- context manager -----------------------------------------------------
+
+    def __enter__(self) -> Any:
+        if not self.acquire(timeout=self.timeout):
+            raise LockTimeout(
+                f"could not acquire {self.kind} {self.name!r} within {self.timeout} s; "
+                f"held by {self.holder!r} for another {self.holder_ttl_ms} ms",
+                self.key,
+                self.holder,
+                self.holder_ttl_ms,
+            )
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    # -- renewal hooks (see renewal.Renewable) ---------------------------------
+
+    def _renew_call(self) -> tuple[Any, list[str], list[Any]]:
+        return scripts.get(self.EXTEND), [self.key], [self._token, to_ms(self.ttl)]
+
+    def _mark_lost(self, reason: str) -> None:
+        self.lost = True
+        if self.on_lost is not None:
+            try:
+                self.on_lost(self, reason)
+            except Exception:
+                renewal.logger.exception("on_lost callback of %r failed", self)
+        renewal.notify_lost(self, reason)
