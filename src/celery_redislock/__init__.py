@@ -37,8 +37,8 @@ __all__ = [
     "LockTimeout",
     "LockedTask",
     "ReadWriteLock",
-    "Semaphore",
     "RedisLockError",
+    "Semaphore",
     "TaskSkipped",
     "__version__",
 ]

@@ -20,7 +20,7 @@ from .exceptions import ConfigurationError
 
 __all__ = ["CONTENTION_POLICIES", "Settings", "client_for", "reset", "settings_for"]
 
-CONTENTION_POLICIES = ("retry", "skip", "wait", "fail")
+CONTENTION_POLICIES = ("retry", "skip", "wait", "fail", "park")
 WAIT_FALLBACKS = ("retry", "fail")
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -46,7 +46,11 @@ class Settings:
         ``retry`` (re-send later, the default), ``fail`` (FAILURE with
         BackendUnavailable) or ``run`` (run the body without a lock).
     socket_timeout: socket timeout of the lock client, seconds.
-    semaphores: named limits shared across tasks, ``{"name": limit}``.
+    semaphores: named limits shared across tasks, ``{"name": limit}``
+        (tasks join one with ``concurrency_group="name"``).
+    park_reserve: seconds a parked task granted the lock may take to start
+        before it is re-published (crash recovery of a lost hand-over).
+    park_sweep_interval: seconds between recovery sweeps of parked queues.
     """
 
     url: str = DEFAULT_URL
@@ -62,6 +66,8 @@ class Settings:
     on_redis_error: str = "retry"
     socket_timeout: float = 10.0
     semaphores: dict[str, int] = field(default_factory=dict)
+    park_reserve: float = 10.0
+    park_sweep_interval: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -43,7 +43,7 @@ def _pairs(items: list[Any]) -> list[Parked]:
 class Primitive:
     """Base of Lock, Semaphore and the sides of ReadWriteLock."""
 
-    kind: ClassVar[str] = "lock"
+    kind: str = "lock"
     ACQUIRE: ClassVar[str]
     RELEASE: ClassVar[str]
     CANCEL: ClassVar[str]
@@ -94,6 +94,8 @@ class Primitive:
         #: A holder's token and remaining lease (ms) seen by the last failed acquire.
         self.holder: Optional[str] = None
         self.holder_ttl_ms: Optional[int] = None
+        #: The server's clock (ms) at the last acquire attempt.
+        self.server_now_ms = 0
         self._token: Optional[str] = None
 
     # -- what subclasses provide ---------------------------------------------
@@ -165,16 +167,24 @@ class Primitive:
             status = self._attempt(token, wait_ms())
         return True
 
-    def acquire_or_park(self, token: str, payload: bytes | str, *, claim: bool = False) -> str:
+    def acquire_or_park(
+        self,
+        token: str,
+        payload: bytes | str,
+        *,
+        claim: bool = False,
+        order_ms: Optional[float] = None,
+    ) -> str:
         """Take it now, or leave ``payload`` parked in the FIFO queue under ``token``.
 
         Returns ``"held"``, ``"parked"``, or ``"duplicate"`` when ``claim`` is
         set and that parked token's run has already claimed it (a second
-        delivery of the same re-published task).  One round trip.
+        delivery of the same re-published task).  ``order_ms`` places a parked
+        entry in line (e.g. its publish time); default: arrival.  One round trip.
         """
         if self._token is not None:
             raise LockError(f"{self.kind} {self.name!r} is already held by this object", self.key)
-        status = self._attempt(token, 0, payload, claim)
+        status = self._attempt(token, 0, payload, claim, order_ms)
         return {1: "held", 0: "parked", -1: "duplicate"}[status]
 
     def _new_token(self) -> str:
@@ -183,7 +193,12 @@ class Primitive:
         return _common.new_token(self.owner)
 
     def _attempt(
-        self, token: str, wait_ms: int, payload: bytes | str = "", claim: bool = False
+        self,
+        token: str,
+        wait_ms: int,
+        payload: bytes | str = "",
+        claim: bool = False,
+        order_ms: Optional[float] = None,
     ) -> int:
         reply = call(
             "acquire",
@@ -199,11 +214,14 @@ class Primitive:
                 payload,
                 to_ms(self.park_reserve),
                 1 if claim else 0,
+                "" if order_ms is None else order_ms,
                 *self._extra_args(),
             ],
             client=self.client,
         )
         status = int(reply[0])
+        if status != -1:
+            self.server_now_ms = int(reply[3])
         self._publish(reply[4:])
         if status == 1:
             self._granted(token, int(reply[1]))

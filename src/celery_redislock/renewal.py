@@ -38,9 +38,11 @@ class Renewable(Protocol):
     """What the keeper needs of a held lease (a Lock, a semaphore permit, ...)."""
 
     client: Any
-    key: str
     ttl: float
     renew_interval: float
+
+    @property
+    def key(self) -> str: ...
 
     def _renew_call(self) -> tuple[Any, list[str], list[Any]]:
         """(script, keys, args) of one renewal; the script returns 1 or 0."""

@@ -97,7 +97,7 @@ class LockedRequest(Request):  # type: ignore[misc]
         ).start()
 
 
-def _reap(app: Any, name: str, owner: str, pid: int, why: str, task_id: str) -> None:
+def _reap(app: Any, name: str, kind: Any, owner: str, pid: int, why: str, task_id: str) -> None:
     if not wait_dead(pid):
         logger.warning(
             "child %d of task %s is still alive; its lease will expire instead", pid, task_id

@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore
 
-from . import config, signals
-from .exceptions import (
-    BackendUnavailable,
-    ConfigurationError,
-    LockContended,
-    LockError,
-    TaskSkipped,
-)
-from .locks import Lock
-from .policy import RETRIES_HEADER, backoff, effective_policy, holder_task_id, owner_prefix
+from . import _common, config, contention, guards, park, signals
+from .exceptions import BackendUnavailable, ConfigurationError, LockError
+from .policy import effective_policy, owner_prefix
+from .primitive import Primitive
 from .taskkey import KeySpec
 
 __all__ = ["Hold", "LockedTask"]
@@ -55,13 +50,13 @@ OPTIONS = {
 
 
 class Hold:
-    """One task run's hold of its lock: ``fence``, ``name``, ``key``, ``lock``.
+    """One task run's hold: ``fence``, ``name``, ``key`` and the primitive ``lock``.
 
     Available to the body as ``self.request.redislock``; ``release()`` is
     idempotent, so every exit path can call it and it happens exactly once.
     """
 
-    def __init__(self, task: Any, request: Any, lock: Lock) -> None:
+    def __init__(self, task: Any, request: Any, lock: Primitive) -> None:
         self.task = task
         self.request = request
         self.lock = lock
@@ -109,16 +104,22 @@ class LockedTask(Task):  # type: ignore[misc]
     ``"user:{user_id}"``, or a callable of the task's arguments.
     ``lock_name``: replaces the task name as the lock's namespace; tasks with
     the same ``lock_name`` (and key) share one lock.
+    ``semaphore``: at most N runs at once (per key with ``lock_key``).
+    ``concurrency_group``: join a named limit from ``redislock_semaphores``.
+    ``lock_mode``: ``"read"`` or ``"write"`` side of a ReadWriteLock.
     ``lock_ttl``, ``lock_renew_interval``, ``on_contention``
-    (retry/skip/wait/fail), ``lock_retry_backoff``, ``lock_retry_backoff_max``,
-    ``lock_retry_max``, ``lock_wait_timeout``, ``lock_wait_fallback``,
-    ``lock_on_redis_error``.
+    (retry/skip/wait/fail/park), ``lock_retry_backoff``,
+    ``lock_retry_backoff_max``, ``lock_retry_max``, ``lock_wait_timeout``,
+    ``lock_wait_fallback``, ``lock_on_redis_error``.
     """
 
     Request = "celery_redislock.request:LockedRequest"
 
     lock_key: Any = None
     lock_name: Optional[str] = None
+    semaphore: Optional[int] = None
+    concurrency_group: Optional[str] = None
+    lock_mode: Optional[str] = None
     lock_ttl: Optional[float] = None
     lock_renew_interval: Optional[float] = None
     on_contention: Optional[str] = None
@@ -133,8 +134,8 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery builds a class per decorated function (type(name, (base,),
-        # options)), so this runs when the task is created: bad options fail
-        # then, not on the first run.
+        # options)) when the app finalizes or the task is first used, so this
+        # runs before any run: bad options fail at definition, not mid-flight.
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name") or f"{cls.__module__}.{cls.__qualname__}"
         for option, field in OPTIONS.items():
@@ -146,10 +147,17 @@ class LockedTask(Task):  # type: ignore[misc]
             raise ConfigurationError(
                 f"task {name!r}: option lock_name must be a non-empty str, got {lock_name!r}"
             )
+        app = cls.__dict__.get("app")
+        groups = (
+            config.settings_for(app).semaphores
+            if (app is not None and cls.concurrency_group is not None)
+            else None
+        )
+        guards.check_options(name, cls.semaphore, cls.concurrency_group, cls.lock_mode, groups)
         if "run" in cls.__dict__ or "lock_key" in cls.__dict__:
             cls._redislock_keyspec = KeySpec(name, cls.run, cls.lock_key)
 
-    # -- options ------------------------------------------------------------
+    # -- options and names ---------------------------------------------------
 
     def lock_option(self, option: str) -> Any:
         """The effective value of ``option``: task attribute, else app.conf, else default."""
@@ -158,14 +166,33 @@ class LockedTask(Task):  # type: ignore[misc]
             value = getattr(config.settings_for(self.app), OPTIONS[option])
         return value
 
-    def lock_name_for(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-        """The lock name one call with these arguments uses."""
+    def lock_key_for(self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]) -> str:
+        """The per-call part of the lock name ("" when there is one lock per task)."""
         spec = self._redislock_keyspec
         if spec is None:
             spec = type(self)._redislock_keyspec = KeySpec(self.name, self.run, self.lock_key)
-        part = spec.key(args, kwargs or {})
-        base = self.lock_name or self.name
-        return f"{base}:{part}" if part else base
+        return spec.key(args or (), kwargs or {})
+
+    def lock_name_for(self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]) -> str:
+        """The name of the lock (or semaphore) one call with these arguments uses."""
+        return guards.target(self, args, kwargs)[0]
+
+    def lock_target_for(
+        self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]
+    ) -> tuple[str, Optional[str]]:
+        """(name, kind) of the primitive guarding a call; kind None, "sem" or "rw"."""
+        return guards.target(self, args, kwargs)
+
+    # -- publishing ------------------------------------------------------------
+
+    def apply_async(self, *args: Any, **options: Any) -> Any:
+        if self.lock_option("on_contention") == "park":
+            # A parked run's place in line is its publish time (the order it
+            # was submitted in), not the order worker processes reach Redis.
+            headers = dict(options.get("headers") or {})
+            headers.setdefault(park.SENT_HEADER, round(time.time() * 1000, 3))
+            options["headers"] = headers
+        return super().apply_async(*args, **options)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -198,136 +225,78 @@ class LockedTask(Task):  # type: ignore[misc]
         if isinstance(hold, Hold):
             hold.release()
 
+    def _redislock_primitive(self, name: str, kind: Optional[str], owner: str) -> Primitive:
+        settings = config.settings_for(self.app)
+        prim = guards.build(
+            self,
+            name,
+            kind,
+            config.client_for(self.app),
+            settings.semaphores,
+            ttl=self.lock_option("lock_ttl"),
+            prefix=settings.key_prefix,
+            renew_interval=self.lock_option("lock_renew_interval"),
+            owner=owner,
+            on_parked=park.publisher(self.app),
+            park_reserve=settings.park_reserve,
+        )
+        prim.task = self  # type: ignore[attr-defined]  # for lock_lost receivers
+        return prim
+
     def _redislock_enter(
         self, request: Any, args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Optional[Hold]:
         signals.connect()
-        settings = config.settings_for(self.app)
-        name = self.lock_name_for(args, kwargs)
-        lock = Lock(
-            config.client_for(self.app),
-            name,
-            ttl=self.lock_option("lock_ttl"),
-            prefix=settings.key_prefix,
-            renew_interval=self.lock_option("lock_renew_interval"),
-            owner=owner_prefix(request.id, request.hostname, os.getpid()),
+        name, kind = self.lock_target_for(args, kwargs)
+        prim = self._redislock_primitive(
+            name, kind, owner_prefix(request.id, request.hostname, os.getpid())
         )
-        lock.task = self  # type: ignore[attr-defined]  # for lock_lost receivers
         policy = effective_policy(self.lock_option("on_contention"), bool(request.is_eager))
         try:
-            if policy == "wait":
-                acquired = lock.acquire(timeout=self.lock_option("lock_wait_timeout"))
+            if policy == "park":
+                acquired = self._redislock_park(request, prim, kind)
+            elif policy == "wait":
+                acquired = prim.acquire(timeout=self.lock_option("lock_wait_timeout"))
             else:
-                acquired = lock.acquire(blocking=False)
+                acquired = prim.acquire(blocking=False)
         except BackendUnavailable as exc:
             self._redislock_unreachable(request, name, exc)
             return None
-        if acquired:
-            hold = Hold(self, request, lock)
-            request.redislock = hold
-            request.lock_fence = lock.fence
-            signals.lock_acquired.send(
-                sender=self, request=request, key=lock.key, name=name, fence=lock.fence
-            )
-            return hold
-        self._redislock_contended(request, lock, policy)
-        raise AssertionError("unreachable")  # pragma: no cover
+        if not acquired:
+            contention.contended(self, request, prim, policy)
+        hold = Hold(self, request, prim)
+        request.redislock = hold
+        request.lock_fence = prim.fence
+        signals.lock_acquired.send(
+            sender=self, request=request, key=prim.key, name=name, fence=prim.fence
+        )
+        return hold
 
-    def _redislock_contended(self, request: Any, lock: Lock, policy: str) -> None:
-        holder = holder_task_id(lock.holder)
-        ttl_ms = lock.holder_ttl_ms
-        if policy == "wait":
-            policy = self.lock_option("lock_wait_fallback")
-            if request.is_eager:
-                policy = "fail"
-        signals.lock_contended.send(
-            sender=self,
-            request=request,
-            key=lock.key,
-            name=lock.name,
-            holder=holder,
-            ttl_ms=ttl_ms,
-            policy=policy,
-        )
-        if policy == "skip":
-            self._redislock_skip(request, lock, holder, ttl_ms)
-        if policy == "fail":
-            raise LockContended(
-                f"{self.name}[{request.id}]: lock {lock.name!r} is held by task {holder} "
-                f"for another {ttl_ms} ms",
-                lock.key,
-                holder,
-                ttl_ms,
-            )
-        self._redislock_retry(
-            request,
-            LockContended(
-                f"lock {lock.name!r} is held by task {holder} for another {ttl_ms} ms",
-                lock.key,
-                holder,
-                ttl_ms,
-            ),
-        )
-
-    def _redislock_skip(
-        self, request: Any, lock: Lock, holder: Optional[str], ttl_ms: Optional[int]
-    ) -> None:
-        exc = TaskSkipped(
-            f"{self.name}[{request.id}] skipped: lock {lock.name!r} is held by task {holder}",
-            lock.key,
-            holder,
-            ttl_ms,
-        )
-        logger.info("%s", exc)
-        signals.task_skipped.send(
-            sender=self, request=request, key=lock.key, name=lock.name, holder=holder
-        )
-        if request.is_eager:
-            raise exc
-        # FAILURE with TaskSkipped: get() raises promptly and names the holder.
-        # No errbacks (a skip is not an error); chained tasks are marked too,
-        # so nothing downstream waits forever.  Ignore then stops the tracer
-        # from storing anything else or running callbacks.
-        self.backend.mark_as_failure(
-            request.id,
-            exc,
-            request=request,
-            call_errbacks=False,
-            store_result=not self._redislock_ignore_result(request),
-        )
-        raise Ignore(str(exc))
-
-    def _redislock_ignore_result(self, request: Any) -> bool:
-        value = getattr(request, "ignore_result", None)
-        return bool(self.ignore_result if value is None else value)
-
-    def _redislock_retry(self, request: Any, reason: Exception) -> None:
+    def _redislock_park(self, request: Any, prim: Primitive, kind: Optional[str]) -> bool:
         headers = dict(request.headers or {})
-        attempt = int(headers.get(RETRIES_HEADER) or getattr(request, RETRIES_HEADER, 0) or 0)
-        limit = self.lock_option("lock_retry_max")
-        if limit is not None and attempt >= limit:
-            if isinstance(reason, LockContended):
-                raise LockContended(
-                    f"{self.name}[{request.id}]: gave up after {attempt} contention retries; "
-                    f"{reason}",
-                    reason.key,
-                    reason.holder,
-                    reason.ttl_ms,
-                ) from reason
-            raise reason
-        delay = backoff(
-            attempt,
-            self.lock_option("lock_retry_backoff"),
-            self.lock_option("lock_retry_backoff_max"),
+        token = headers.get(park.PARK_HEADER)
+        claim = token is not None
+        if token is None:
+            token = _common.new_token(owner_prefix(request.id, "park", 0))
+            headers[park.PARK_HEADER] = token
+        sig = self.signature_from_request(request, headers=headers)
+        payload = park.encode(sig, self.serializer or self.app.conf.task_serializer)
+        order = headers.get(park.SENT_HEADER)
+        status = prim.acquire_or_park(
+            token, payload, claim=claim, order_ms=float(order) if order else None
         )
-        headers[RETRIES_HEADER] = attempt + 1
-        # Same task id, args, kwargs, routing, priority, links and chain;
-        # Celery's own ``retries`` is left as it was.
-        sig = self.signature_from_request(request, countdown=delay, headers=headers)
-        sig.apply_async()  # if this fails, the run fails visibly with the error
-        raise Retry(
-            f"lock contended, retry {attempt + 1} in {delay:.2f}s", exc=reason, when=delay, sig=sig
-        )
+        park.ensure_sweeper(self.app)
+        if status == "held":
+            return True
+        if status == "duplicate":
+            logger.warning(
+                "%s[%s]: a second delivery of a parked run that already ran; dropped",
+                self.name,
+                request.id,
+            )
+            raise Ignore("duplicate delivery of a parked run")
+        contention.parked(self, request, prim, kind)
+        return False  # pragma: no cover
 
     def _redislock_unreachable(self, request: Any, name: str, exc: BackendUnavailable) -> None:
         policy = self.lock_option("lock_on_redis_error")
@@ -342,5 +311,5 @@ class LockedTask(Task):  # type: ignore[misc]
         if policy == "run":
             return
         if policy == "retry" and not request.is_eager:
-            self._redislock_retry(request, exc)
+            contention.retry_later(self, request, exc)
         raise exc

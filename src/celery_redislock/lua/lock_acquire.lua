@@ -11,12 +11,14 @@
 -- ARGV[6] payload to park when contended ('' = do not park)
 -- ARGV[7] reservation lease in ms for parked tasks granted by this call
 -- ARGV[8] '1' when the caller is the re-published run of a parked task
+-- ARGV[9] place in line of a parked task (its publish time, ms); '' = now
 -- Returns reply(): {1, fence, '', now, pairs...} when the caller holds the lock
 -- (also when it already did: a retried call whose reply was lost, or a grant
 -- made by a release while it waited), {0, holder's remaining lease ms, holder,
 -- now, pairs...} when it does not, {-1, ...} for a duplicate parked run.
 local token, ttl, wait, wake = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local grace, payload = tonumber(ARGV[5]), ARGV[6] or ''
+local order = tonumber(ARGV[9] or '')
 local lock = KEYS[1]
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = wake, reserve = ARGV[7] or '10000'}
@@ -69,7 +71,7 @@ if wait > 0 and pttl > 0 and pttl < wait then
   -- past that (plus grace) means it died while waiting.
   enqueue(Q, token, now, now + pttl + grace, ttl, 'w', 'x', front)
 elseif wait == 0 and payload ~= '' and not front then
-  enqueue(Q, token, now, PARKED, Q.reserve, 'p', 'x', false)
+  enqueue(Q, token, order or now, PARKED, Q.reserve, 'p', 'x', false)
   redis.call('HSET', Q.pmsg, token, payload)
 end
 return reply(0, pttl, holder, now, out)

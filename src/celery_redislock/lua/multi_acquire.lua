@@ -7,12 +7,14 @@
 -- ARGV[4] wake-list key prefix   ARGV[5] grace ms
 -- ARGV[6] payload to park when contended ('' = do not park)
 -- ARGV[7] reservation lease ms for parked tasks   ARGV[8] '1' = parked run
--- ARGV[9] mode: 's' semaphore, 'r' read, 'x' write
--- ARGV[10] semaphore limit (mode 's'; stored for releases to use)
+-- ARGV[9] place in line of a parked task (its publish time, ms); '' = now
+-- ARGV[10] mode: 's' semaphore, 'r' read, 'x' write
+-- ARGV[11] semaphore limit (mode 's'; stored for releases to use)
 -- Returns reply() as lock_acquire.lua does; when contended the hint is the
 -- time until the earliest holder's lease runs out, the holder that holder.
 local token, ttl, wait = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local grace, payload, mode = tonumber(ARGV[5]), ARGV[6], ARGV[9]
+local grace, payload, mode = tonumber(ARGV[5]), ARGV[6], ARGV[10]
+local order = tonumber(ARGV[9])
 local Q = multi(KEYS, ARGV[4], ARGV[7])
 local out = {}
 local front = false
@@ -30,7 +32,7 @@ if redis.call('ZSCORE', Q.holders, token) then
   return reply(1, tonumber(redis.call('HGET', Q.info, token)), '', now, out)
 end
 if mode == 's' then
-  redis.call('HSET', Q.info, '!limit', ARGV[10])
+  redis.call('HSET', Q.info, '!limit', ARGV[11])
 end
 local can, grant = multi_rules(Q, now, stored_limit(Q))
 requeue_lapsed(Q, now, mode)
@@ -60,7 +62,7 @@ end
 if wait > 0 and hint < wait then
   enqueue(Q, token, now, now + hint + grace, ttl, 'w', mode, front)
 elseif wait == 0 and payload ~= '' and not front then
-  enqueue(Q, token, now, PARKED, Q.reserve, 'p', mode, false)
+  enqueue(Q, token, order or now, PARKED, Q.reserve, 'p', mode, false)
   redis.call('HSET', Q.pmsg, token, payload)
 end
 return reply(0, hint, holder, now, out)

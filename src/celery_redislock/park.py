@@ -1,0 +1,190 @@
+"""``on_contention="park"``: contended runs wait in Redis, not in the broker.
+
+A contended run stores its own message (a Celery signature, serialized with
+the task's serializer) in the FIFO queue of its lock or semaphore and ends.
+Whoever's script call later grants it (normally the release of the holder)
+gets the payload back and re-publishes it with the same task id, args,
+options and callbacks.  The re-published run presents the parked token and
+claims its reserved grant; a second delivery of the same message finds the
+token claimed and is dropped, so nothing runs twice.
+
+Crash safety: a granted parked task is "in flight" until its run claims it.
+If the worker that took it dies before publishing, the reservation lapses
+after ``redislock_park_reserve`` seconds and the next script call on that
+primitive, or at the latest the sweeper (``redislock_park_sweep_interval``),
+re-grants and re-publishes it.  The sweeper also serves parked queues behind
+a holder that crashed.  Worst case before a lost hand-over is re-published:
+``park_reserve + park_sweep_interval`` (+ one round trip).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Optional
+
+from kombu import serialization
+
+from . import config, scripts
+from .primitive import Parked, Primitive
+
+__all__ = ["PARK_HEADER", "SENT_HEADER", "Sweeper", "decode", "encode", "publisher"]
+
+logger = logging.getLogger("celery_redislock.park")
+
+#: Header carrying the parked token of a re-published run.
+PARK_HEADER = "redislock_park"
+#: Header with the publish time (ms) of a park-policy task: its place in line.
+SENT_HEADER = "redislock_sent"
+
+_FAULTS = frozenset(filter(None, os.environ.get("REDISLOCK_FAULTS", "").split(",")))
+
+
+def fault(point: str) -> None:
+    """Test hook: SIGKILL this process at ``point`` when REDISLOCK_FAULTS names it."""
+    if point in _FAULTS:
+        logger.warning("fault injection: killing pid %d at %s", os.getpid(), point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def encode(sig: Any, serializer: str) -> bytes:
+    """A signature as bytes: content type, newline, body."""
+    content_type, _encoding, body = serialization.dumps(dict(sig), serializer=serializer)
+    data: bytes = body.encode("utf-8") if isinstance(body, str) else body
+    return str(content_type).encode("ascii") + b"\n" + data
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    content_type, _, body = payload.partition(b"\n")
+    ctype = content_type.decode("ascii")
+    encoding = "binary" if ctype in ("application/x-python-serialize",) else "utf-8"
+    result: dict[str, Any] = serialization.loads(body, ctype, encoding, accept={ctype})
+    return result
+
+
+def publisher(app: Any) -> Any:
+    """An ``on_parked`` callback that re-publishes granted parked tasks with ``app``."""
+
+    def publish(parked: list[Parked]) -> None:
+        fault("before-park-publish")
+        for token, payload in parked:
+            try:
+                app.signature(decode(payload)).apply_async()
+            except Exception:
+                # Not lost: the reservation lapses and recovery re-publishes it.
+                logger.exception(
+                    "could not re-publish parked task %s; it is retried after "
+                    "its reservation lapses",
+                    token,
+                )
+            else:
+                logger.info("re-published parked task %s", token.split("|", 1)[0])
+
+    return publish
+
+
+def index_key(prefix: str) -> str:
+    return f"{prefix}:parked-index"
+
+
+def primitive(
+    client: Any, prefix: str, kind: str, name: str, reserve: float, on_parked: Any
+) -> Primitive:
+    """A handle on the primitive an index member names, for ``recover()``."""
+    from .locks import Lock
+    from .rwlock import _Side
+    from .semaphore import Semaphore
+
+    opts: dict[str, Any] = {
+        "prefix": prefix,
+        "park_reserve": reserve,
+        "on_parked": on_parked,
+        "renew": False,
+    }
+    if kind == "sem":
+        return Semaphore(client, name, 1, **opts)
+    if kind == "rw":
+        return _Side(client, name, "r", 30.0, **opts)
+    return Lock(client, name, **opts)
+
+
+def register(prim: Primitive, kind: Optional[str], check_after_ms: int) -> None:
+    """Put ``prim`` in the recovery index (one round trip, only when a run parks)."""
+    scripts.get("park_index")(
+        keys=[index_key(prim.prefix)],
+        args=["add", f"{kind or 'lock'}:{prim.name}", max(1, check_after_ms)],
+        client=prim.client,
+    )
+
+
+class Sweeper:
+    """Per-process thread that recovers parked tasks of crashed holders/releasers."""
+
+    BATCH = 50
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.pid = os.getpid()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="redislock-park-sweeper", daemon=True)
+
+    def _run(self) -> None:
+        settings = config.settings_for(self.app)
+        while not self.stop.wait(settings.park_sweep_interval):
+            try:
+                self.sweep()
+            except Exception:
+                logger.exception("park sweep failed")
+
+    def sweep(self) -> int:
+        """One pass; returns how many primitives it checked."""
+        settings = config.settings_for(self.app)
+        client = config.client_for(self.app)
+        key = index_key(settings.key_prefix)
+        claim_ms = int(settings.park_reserve * 1000)
+        due = scripts.get("park_index")(
+            keys=[key], args=["due", self.BATCH, claim_ms], client=client
+        )
+        for i in range(0, len(due), 2):
+            member = due[i].decode() if isinstance(due[i], bytes) else due[i]
+            claim = due[i + 1]
+            kind, _, name = member.partition(":")
+            try:
+                prim = primitive(
+                    client,
+                    settings.key_prefix,
+                    kind,
+                    name,
+                    settings.park_reserve,
+                    publisher(self.app),
+                )
+                nxt = prim.recover()
+            except Exception:
+                logger.exception("recovering parked tasks of %s failed", member)
+                continue
+            scripts.get("park_index")(keys=[key], args=["done", member, nxt, claim], client=client)
+        return len(due) // 2
+
+
+_sweepers: dict[int, Sweeper] = {}
+_lock = threading.Lock()
+
+
+def ensure_sweeper(app: Any) -> None:
+    """Start this process's sweeper for ``app`` once (again after fork)."""
+    key = id(app)
+    s = _sweepers.get(key)
+    if s is not None and s.pid == os.getpid():
+        return
+    with _lock:
+        s = _sweepers.get(key)
+        if s is None or s.pid != os.getpid():
+            s = _sweepers[key] = Sweeper(app)
+            s.thread.start()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

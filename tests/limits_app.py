@@ -1,0 +1,120 @@
+"""Celery app for the semaphore / read-write / park integration tests.
+
+Same layout as celery_app.py (REDISLOCK_TEST_REDIS base URL; broker db 1,
+results db 2, locks db 0, recordings db 3).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from celery_redislock import LockedTask
+from tests.celery_app import body
+
+BASE = os.environ.get("REDISLOCK_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
+
+app = Celery("redislock_limits", broker=f"{BASE}/1", backend=f"{BASE}/2")
+app.conf.update(
+    redislock_url=f"{BASE}/0",
+    redislock_lock_ttl=5.0,
+    redislock_semaphores={"payments-api": 3},
+    redislock_park_reserve=float(os.environ.get("REDISLOCK_TEST_PARK_RESERVE", "2.0")),
+    redislock_park_sweep_interval=0.5,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    result_expires=600,
+    broker_connection_retry_on_startup=True,
+)
+
+
+@app.task(name="l.sem3", base=LockedTask, bind=True, semaphore=3, on_contention="wait")
+def sem3(self, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, seq=seq)
+
+
+@app.task(name="l.sem3_park", base=LockedTask, bind=True, semaphore=3, on_contention="park")
+def sem3_park(self, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, seq=seq)
+
+
+@app.task(
+    name="l.per_customer",
+    base=LockedTask,
+    bind=True,
+    semaphore=2,
+    lock_key=["customer"],
+    on_contention="wait",
+)
+def per_customer(self, customer: str, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, customer=customer, seq=seq)
+
+
+@app.task(
+    name="l.pay_a",
+    base=LockedTask,
+    bind=True,
+    concurrency_group="payments-api",
+    on_contention="wait",
+)
+def pay_a(self, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, kind="a", seq=seq)
+
+
+@app.task(
+    name="l.pay_b",
+    base=LockedTask,
+    bind=True,
+    concurrency_group="payments-api",
+    on_contention="park",
+)
+def pay_b(self, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, kind="b", seq=seq)
+
+
+@app.task(
+    name="l.read",
+    base=LockedTask,
+    bind=True,
+    lock_mode="read",
+    lock_name="dataset",
+    on_contention="wait",
+)
+def read(self, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, mode="r", seq=seq)
+
+
+@app.task(
+    name="l.write",
+    base=LockedTask,
+    bind=True,
+    lock_mode="write",
+    lock_name="dataset",
+    on_contention="wait",
+)
+def write(self, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, mode="w", seq=seq)
+
+
+@app.task(name="l.park", base=LockedTask, bind=True, lock_key=["job"], on_contention="park")
+def parked_job(self, job: str, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, job=job, seq=seq)
+
+
+@app.task(
+    name="l.retry",
+    base=LockedTask,
+    bind=True,
+    lock_key=["job"],
+    on_contention="retry",
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.4,
+)
+def retry_job(self, job: str, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, job=job, seq=seq)
+
+
+@app.task(name="l.wait", base=LockedTask, bind=True, lock_key=["job"], on_contention="wait")
+def wait_job(self, job: str, tag: str, duration: float = 0.2, seq: int = 0):
+    return body(self, tag, duration, job=job, seq=seq)
