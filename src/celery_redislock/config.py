@@ -141,6 +141,15 @@ def _default_url(conf: Any) -> str:
     return DEFAULT_URL
 
 
+def visibility_timeout(conf: Any) -> Optional[float]:
+    """The broker's visibility timeout in seconds, for brokers that have one."""
+    broker = conf.get("broker_url") or ""
+    if not isinstance(broker, str) or not broker.startswith(("redis", "sqs", "rediss")):
+        return None
+    options = conf.get("broker_transport_options") or {}
+    return float(options.get("visibility_timeout", 3600))
+
+
 def from_conf(conf: Any) -> Settings:
     """Build Settings from a Celery ``app.conf`` (or any mapping)."""
     values: dict[str, Any] = {}
@@ -150,7 +159,16 @@ def from_conf(conf: Any) -> Settings:
         if value is not None:
             values[f.name] = value
     values.setdefault("url", _default_url(conf))
-    return Settings(**values)
+    settings = Settings(**values)
+    vt = visibility_timeout(conf)
+    if vt is not None and settings.lock_retry_backoff_max >= vt:
+        # A countdown past the visibility timeout makes the broker redeliver
+        # the message while the worker still holds it: a duplicate run.
+        raise ConfigurationError(
+            f"redislock_lock_retry_backoff_max ({settings.lock_retry_backoff_max!r}) must stay "
+            f"below the broker's visibility_timeout ({vt!r})"
+        )
+    return settings
 
 
 _lock = threading.Lock()

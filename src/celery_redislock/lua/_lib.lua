@@ -127,6 +127,17 @@ local function reply(status, n, holder, now, out)
   return r
 end
 
+-- can() and grant() for serve() on a mutex: one grant while it is free.
+local function mutex_rules(lock)
+  local free = not redis.call('GET', lock)
+  local function can(mode) return free end
+  local function grant(t, lease, mode, f)
+    redis.call('SET', lock, t, 'PX', lease)
+    free = false
+  end
+  return can, grant
+end
+
 -- Semaphores and read-write locks: several holders, each with its own lease.
 --   holders  sorted set token -> lease expiry (server ms)
 --   info     hash token -> fence of that hold; '!limit' -> the semaphore's

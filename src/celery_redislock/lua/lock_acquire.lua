@@ -46,19 +46,14 @@ elseif payload ~= '' and front then
 end
 if not holder then
   -- Free, but those who queued first are served first (no barging).
-  local free = true
-  local function can(mode) return free end
-  local function grant(t, lease, mode, f)
-    redis.call('SET', lock, t, 'PX', lease)
-    free = false
-  end
+  local can, grant = mutex_rules(lock)
   local f = serve(Q, now, token, can, grant, out)
   if f then
     redis.call('PEXPIRE', lock, ttl)  -- a parked caller was granted its reservation
     redis.call('DEL', wake .. token)
     return reply(1, f, '', now, out)
   end
-  if free then
+  if can('x') then
     f = redis.call('INCR', KEYS[2])
     redis.call('SET', lock, token, 'PX', ttl)
     return reply(1, f, '', now, out)

@@ -19,12 +19,7 @@ dequeue(Q, token)
 local now = now_ms()
 if not holder then
   -- The holder's lease ran out with nobody releasing: serve the next in line.
-  local free = true
-  local function can(mode) return free end
-  local function grant(t, lease, mode, f)
-    redis.call('SET', lock, t, 'PX', lease)
-    free = false
-  end
+  local can, grant = mutex_rules(lock)
   requeue_lapsed(Q, now, 'x')
   serve(Q, now, false, can, grant, out)
 end

@@ -13,12 +13,7 @@ local now = now_ms()
 local out = {}
 requeue_lapsed(Q, now, 'x')
 if not redis.call('GET', lock) then
-  local free = true
-  local function can(mode) return free end
-  local function grant(t, lease, mode, f)
-    redis.call('SET', lock, t, 'PX', lease)
-    free = false
-  end
+  local can, grant = mutex_rules(lock)
   serve(Q, now, false, can, grant, out)
 end
 local nxt = -1

@@ -25,12 +25,7 @@ local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[4]}
 local now = now_ms()
 local out = {}
-local free = true
-local function can(mode) return free end
-local function grant(t, lease, mode, f)
-  redis.call('SET', lock, t, 'PX', lease)
-  free = false
-end
+local can, grant = mutex_rules(lock)
 requeue_lapsed(Q, now, 'x')
 serve(Q, now, false, can, grant, out)
 local r = {1, now}
