@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
+from .exceptions import ConfigurationError
+
 __all__ = ["MAX_PLAIN_NAME", "LockKeys", "MultiKeys", "digest", "lock_keys", "multi_keys", "tag"]
 
 #: Names longer than this many characters are digested rather than spelled out.
@@ -29,13 +31,32 @@ def digest(data: str | bytes, length: int = 32) -> str:
 def tag(prefix: str, name: str) -> str:
     """The hash-tagged base of every key of ``name``: ``prefix:{name}``.
 
-    A name that could break the hash tag (braces), is very long, or starts
-    with ``#`` (the digest marker) is replaced by ``#<digest>``, so two
-    different names never share a tag.
+    A name that could break the hash tag (braces), is very long, cannot be
+    encoded (lone surrogates) or starts with ``#`` (the digest marker) is
+    replaced by ``#<digest>``, so two different names never share a tag.
+    A prefix with braces is refused: it would move the tag.
     """
-    if "{" in name or "}" in name or name.startswith("#") or len(name) > MAX_PLAIN_NAME:
+    if "{" in prefix or "}" in prefix:
+        raise ConfigurationError(
+            f"key prefix must not contain braces (it would break the hash tag), got {prefix!r}"
+        )
+    if (
+        "{" in name
+        or "}" in name
+        or name.startswith("#")
+        or len(name) > MAX_PLAIN_NAME
+        or not _encodable(name)
+    ):
         name = "#" + digest(name)
     return f"{prefix}:{{{name}}}"
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: digest them instead
+        return False
+    return True
 
 
 class LockKeys(NamedTuple):

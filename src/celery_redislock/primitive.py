@@ -25,7 +25,14 @@ from typing import Any, ClassVar, Optional
 
 from . import _common, renewal, scripts
 from ._common import FOREVER_MS, GRACE_MS, call, decode, to_ms
-from .exceptions import ConfigurationError, LockError, LockLost, LockNotOwned, LockTimeout
+from .exceptions import (
+    BackendUnavailable,
+    ConfigurationError,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+)
 
 __all__ = ["DEFAULT_PARK_RESERVE", "Parked", "Primitive"]
 
@@ -282,14 +289,20 @@ class Primitive:
         renewal.keeper().discard(self)
         self._token = None
         fence, self.fence = self.fence, None
-        reply = call(
-            "release",
-            self.key,
-            scripts.get(self.RELEASE),
-            keys=self.script_keys,
-            args=[token, self.wake_prefix, 0, to_ms(self.park_reserve)],
-            client=self.client,
-        )
+        try:
+            reply = call(
+                "release",
+                self.key,
+                scripts.get(self.RELEASE),
+                keys=self.script_keys,
+                args=[token, self.wake_prefix, 0, to_ms(self.park_reserve)],
+                client=self.client,
+            )
+        except BackendUnavailable:
+            # Still ours as far as we know (no longer renewed): release() may be
+            # called again; otherwise the lease runs out by itself.
+            self._token, self.fence = token, fence
+            raise
         if not int(reply[0]):
             self.lost = True
             raise LockLost(
@@ -356,8 +369,8 @@ class Primitive:
 
     # -- renewal hooks (see renewal.Renewable) ---------------------------------
 
-    def _renew_call(self) -> tuple[Any, list[str], list[Any]]:
-        return scripts.get(self.EXTEND), [self.key], [self._token, to_ms(self.ttl)]
+    def _renew_call(self, token: str) -> tuple[Any, list[str], list[Any]]:
+        return scripts.get(self.EXTEND), [self.key], [token, to_ms(self.ttl)]
 
     def _mark_lost(self, reason: str) -> None:
         self.lost = True

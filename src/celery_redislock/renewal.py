@@ -1,26 +1,30 @@
-"""The per-process lease keeper: one thread renews every lease the process holds.
+"""The per-process lease keeper: renews every lease the process holds.
 
-Each tick is one round trip per Redis client, however many leases are held: all
-renewals go out as bare EVALSHAs in one non-transactional pipeline.  The tick
-is the shortest renewal interval among the held leases (by default a third of
-the lease).  The keeper is created lazily and again in a forked child (each
-prefork child gets its own; the parent's thread does not survive ``fork``).
+Each tick is one round trip per Redis client, however many leases are held:
+all renewals go out as bare EVALSHAs in one non-transactional pipeline.  The
+tick is the shortest renewal interval among the held leases (by default a
+third of the lease).  The keeper is created lazily and again in a forked
+child (each prefork child gets its own; threads do not survive ``fork``).
 
-A lease that a renewal finds gone is marked lost: its holder sees ``lost``, a
-warning is logged, and every listener registered with :func:`add_lost_listener`
-is called (the Celery integration turns that into the ``lock_lost`` signal).
-When Redis cannot be reached, the keeper keeps trying every second and marks a
-lease lost once more than its ttl has passed since the last good renewal.
+Each client is renewed by its own thread, so a client stuck on a partitioned
+socket cannot hold up the others; the keeper's own thread only schedules and
+keeps time.  A lease is marked lost when a renewal finds it gone, or when
+its ttl has passed since the send of its last good renewal, whether or not
+that renewal's reply ever came back.  Lost means: the holder sees ``lost``,
+a warning is logged, and every listener registered with
+:func:`add_lost_listener` is called (the Celery integration turns that into
+the ``lock_lost`` signal).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 from redis.exceptions import NoScriptError, RedisError
 
@@ -30,7 +34,7 @@ __all__ = ["Renewable", "add_lost_listener", "keeper", "remove_lost_listener"]
 
 logger = logging.getLogger("celery_redislock.renewal")
 
-#: How soon the keeper tries again after Redis could not be reached, in seconds.
+#: How soon a client is tried again after a failed renewal, in seconds.
 ERROR_RETRY = 1.0
 
 
@@ -44,8 +48,11 @@ class Renewable(Protocol):
     @property
     def key(self) -> str: ...
 
-    def _renew_call(self) -> tuple[Any, list[str], list[Any]]:
-        """(script, keys, args) of one renewal; the script returns 1 or 0."""
+    @property
+    def token(self) -> Optional[str]: ...
+
+    def _renew_call(self, token: str) -> tuple[Any, list[str], list[Any]]:
+        """(script, keys, args) renewing the hold of ``token``; the script returns 1 or 0."""
 
     def _mark_lost(self, reason: str) -> None:
         """Called once when the lease is found lost."""
@@ -75,12 +82,42 @@ def notify_lost(lease: Any, reason: str) -> None:
 
 
 class _Entry:
-    __slots__ = ("last_ok", "lease", "next_due")
+    """One hold being kept alive: the lease object and the token it was taken with."""
 
-    def __init__(self, lease: Renewable) -> None:
+    __slots__ = ("last_ok", "lease", "next_due", "token")
+
+    def __init__(self, lease: Renewable, token: str) -> None:
         self.lease = lease
+        self.token = token
         self.last_ok = time.monotonic()
         self.next_due = self.last_ok + lease.renew_interval
+
+
+class _ClientRenewer:
+    """The thread renewing the leases of one client, one pipeline per batch."""
+
+    def __init__(self, keeper: Keeper, client: Any) -> None:
+        self.keeper = keeper
+        self.client = client
+        self.busy = False
+        self.batches: queue.SimpleQueue[list[_Entry]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="redislock-renew", daemon=True)
+        self.thread.start()
+
+    def submit(self, batch: list[_Entry]) -> None:
+        self.busy = True
+        self.batches.put(batch)
+
+    def _run(self) -> None:
+        while True:
+            batch = self.batches.get()
+            try:
+                self.keeper._renew_on(self.client, batch)
+            except Exception:  # never let the thread die
+                logger.exception("lease renewal failed unexpectedly")
+            finally:
+                self.busy = False
+                self.keeper._wake()
 
 
 class Keeper:
@@ -90,16 +127,20 @@ class Keeper:
         self.pid = os.getpid()
         self._cond = threading.Condition()
         self._held: dict[int, _Entry] = {}
+        self._renewers: dict[int, _ClientRenewer] = {}
         self._thread: threading.Thread | None = None
         #: Round trips made by renewals, for tests and stats.
         self.round_trips = 0
 
     def add(self, lease: Renewable) -> None:
+        token = lease.token
+        if token is None:
+            return
         with self._cond:
-            self._held[id(lease)] = _Entry(lease)
+            self._held[id(lease)] = _Entry(lease, token)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._run, name="redislock-renewal", daemon=True
+                    target=self._run, name="redislock-keeper", daemon=True
                 )
                 self._thread.start()
             self._cond.notify()
@@ -112,37 +153,50 @@ class Keeper:
         with self._cond:
             return [e.lease for e in self._held.values()]
 
-    def _next_due(self) -> float:
-        return min(e.next_due for e in self._held.values())
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while True:
-                    if not self._held:
-                        self._cond.wait()
+                while not self._held:
+                    self._cond.wait()
+                now = time.monotonic()
+                expired = [e for e in self._held.values() if now - e.last_ok >= e.lease.ttl]
+                for e in expired:
+                    self._held.pop(id(e.lease), None)
+                groups: dict[int, list[_Entry]] = {}
+                for e in self._held.values():
+                    groups.setdefault(id(e.lease.client), []).append(e)
+                due = []
+                wake_at = [e.last_ok + e.lease.ttl for e in self._held.values()]
+                for key, entries in groups.items():
+                    renewer = self._renewers.get(key)
+                    if renewer is not None and renewer.busy:
+                        continue  # its last round trip has not come back yet
+                    next_due = min(e.next_due for e in entries)
+                    if next_due > now:
+                        wake_at.append(next_due)
                         continue
-                    delay = self._next_due() - time.monotonic()
-                    if delay <= 0:
-                        break
-                    self._cond.wait(delay)
-                batch = list(self._held.values())
-            try:
-                self.renew(batch)
-            except Exception:  # never let the keeper thread die
-                logger.exception("lease renewal failed unexpectedly")
-                time.sleep(ERROR_RETRY)
-
-    def renew(self, batch: list[_Entry]) -> None:
-        """Renew ``batch`` now: one pipeline, so one round trip, per client."""
-        by_client: dict[int, list[_Entry]] = {}
-        for entry in batch:
-            by_client.setdefault(id(entry.lease.client), []).append(entry)
-        for entries in by_client.values():
-            self._renew_on(entries[0].lease.client, entries)
+                    if renewer is None:
+                        renewer = self._renewers[key] = _ClientRenewer(
+                            self, entries[0].lease.client
+                        )
+                    due.append((renewer, entries))
+                for renewer, entries in due:
+                    renewer.submit(entries)
+                if not expired and not due:
+                    self._cond.wait(max(0.0, min(wake_at, default=now + 1.0) - now))
+            for e in expired:
+                self._lost(
+                    e,
+                    "no renewal came back within the lease "
+                    f"({e.lease.ttl:g} s): Redis unreachable or partitioned",
+                )
 
     def _renew_on(self, client: Any, entries: list[_Entry]) -> None:
-        calls = [e.lease._renew_call() for e in entries]
+        calls = [e.lease._renew_call(e.token) for e in entries]
         started = time.monotonic()
         try:
             results = self._send(client, calls)
@@ -152,12 +206,17 @@ class Keeper:
                     client.script_load(script.script)
                 results = self._send(client, calls)
         except RedisError as exc:
-            self._unreachable(entries, exc)
+            logger.error("cannot renew %d lease(s), Redis unreachable: %r", len(entries), exc)
+            self._retry_soon(entries)
             return
+        with self._cond:
+            current = {id(e): e for e in self._held.values()}
         for entry, result in zip(entries, results):
+            if current.get(id(entry)) is not entry:
+                continue  # released (or re-acquired) while the renewal was in flight
             if isinstance(result, Exception):
                 logger.error("renewing %s failed: %r", entry.lease.key, result)
-                self._maybe_expired(entry, f"renewal error {result!r}")
+                self._retry_soon([entry])
             elif result:
                 entry.last_ok = started
                 entry.next_due = started + entry.lease.renew_interval
@@ -171,20 +230,19 @@ class Keeper:
         self.round_trips += 1
         return list(pipe.execute(raise_on_error=False))
 
-    def _unreachable(self, entries: list[_Entry], exc: Exception) -> None:
-        logger.error("cannot renew %d lease(s), Redis unreachable: %r", len(entries), exc)
+    def _retry_soon(self, entries: list[_Entry]) -> None:
+        now = time.monotonic()
         for entry in entries:
-            self._maybe_expired(entry, f"Redis unreachable: {exc!r}")
-
-    def _maybe_expired(self, entry: _Entry, reason: str) -> None:
-        # Try again soon rather than a whole interval later.
-        entry.next_due = time.monotonic() + min(ERROR_RETRY, entry.lease.renew_interval)
-        if time.monotonic() - entry.last_ok >= entry.lease.ttl:
-            self._lost(entry, reason + "; the lease has run out since the last renewal")
+            entry.next_due = now + min(ERROR_RETRY, entry.lease.renew_interval)
 
     def _lost(self, entry: _Entry, reason: str) -> None:
-        self.discard(entry.lease)
-        entry.lease._mark_lost(reason)
+        with self._cond:
+            if self._held.get(id(entry.lease)) is entry:
+                self._held.pop(id(entry.lease))
+            elif entry.lease.token != entry.token:
+                return  # that hold is over; a newer one is not ours to condemn
+        if entry.lease.token == entry.token:
+            entry.lease._mark_lost(reason)
 
 
 _keeper: Keeper | None = None
@@ -205,7 +263,7 @@ def keeper() -> Keeper:
 
 def _after_fork_in_child() -> None:
     global _keeper, _keeper_lock
-    # The parent's thread and its condition do not survive fork; start clean.
+    # The parent's threads and their condition do not survive fork; start clean.
     _keeper = None
     _keeper_lock = threading.Lock()
 

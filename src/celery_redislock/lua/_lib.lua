@@ -31,9 +31,17 @@ end
 -- Queue `token` (a blocked waiter or a parked task).  NX keeps the original
 -- place in line when a waiter calls again; `front` puts it at the head (a
 -- parked task whose reservation lapsed was next in line already).
-local function enqueue(Q, token, now, deadline, ttl, kind, mode, front)
-  local score = now
-  if front then score = 0 end
+-- `score` nil means "now": arrival on the server's clock in microseconds,
+-- and always after the current tail, so arrival order is kept exactly.
+local function enqueue(Q, token, score, deadline, ttl, kind, mode, front)
+  if front then
+    score = 0
+  elseif not score then
+    local t = redis.call('TIME')
+    score = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+    local tail = redis.call('ZRANGE', Q.queue, -1, -1, 'WITHSCORES')
+    if tail[2] and tonumber(tail[2]) >= score then score = tonumber(tail[2]) + 0.001 end
+  end
   redis.call('ZADD', Q.queue, 'NX', score, token)
   redis.call('HSET', Q.meta, token, deadline .. ':' .. ttl .. ':' .. kind .. ':' .. mode)
 end

@@ -39,9 +39,9 @@ end
 local now = now_ms()
 requeue_lapsed(Q, now, 'x')
 if wait > 0 then
-  enqueue(Q, token, now, now + wait + grace, ttl, 'w', 'x', front)
+  enqueue(Q, token, nil, now + wait + grace, ttl, 'w', 'x', front)
 elseif payload ~= '' and front then
-  enqueue(Q, token, now, PARKED, Q.reserve, 'p', 'x', true)
+  enqueue(Q, token, nil, PARKED, Q.reserve, 'p', 'x', true)
   redis.call('HSET', Q.pmsg, token, payload)
 end
 if not holder then
@@ -64,9 +64,9 @@ local pttl = redis.call('PTTL', lock)
 if wait > 0 and pttl > 0 and pttl < wait then
   -- The caller wakes by itself when the holder's lease runs out; a deadline
   -- past that (plus grace) means it died while waiting.
-  enqueue(Q, token, now, now + pttl + grace, ttl, 'w', 'x', front)
+  enqueue(Q, token, nil, now + pttl + grace, ttl, 'w', 'x', front)
 elseif wait == 0 and payload ~= '' and not front then
-  enqueue(Q, token, order or now, PARKED, Q.reserve, 'p', 'x', false)
+  enqueue(Q, token, order, PARKED, Q.reserve, 'p', 'x', false)
   redis.call('HSET', Q.pmsg, token, payload)
 end
 return reply(0, pttl, holder, now, out)

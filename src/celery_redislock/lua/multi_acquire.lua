@@ -37,9 +37,9 @@ end
 local can, grant = multi_rules(Q, now, stored_limit(Q))
 requeue_lapsed(Q, now, mode)
 if wait > 0 then
-  enqueue(Q, token, now, now + wait + grace, ttl, 'w', mode, front)
+  enqueue(Q, token, nil, now + wait + grace, ttl, 'w', mode, front)
 elseif payload ~= '' and front then
-  enqueue(Q, token, now, PARKED, Q.reserve, 'p', mode, true)
+  enqueue(Q, token, nil, PARKED, Q.reserve, 'p', mode, true)
   redis.call('HSET', Q.pmsg, token, payload)
 end
 local f = serve(Q, now, token, can, grant, out)
@@ -60,9 +60,9 @@ if first[1] then
   hint = math.max(1, tonumber(first[2]) - now)
 end
 if wait > 0 and hint < wait then
-  enqueue(Q, token, now, now + hint + grace, ttl, 'w', mode, front)
+  enqueue(Q, token, nil, now + hint + grace, ttl, 'w', mode, front)
 elseif wait == 0 and payload ~= '' and not front then
-  enqueue(Q, token, order or now, PARKED, Q.reserve, 'p', mode, false)
+  enqueue(Q, token, order, PARKED, Q.reserve, 'p', mode, false)
   redis.call('HSET', Q.pmsg, token, payload)
 end
 return reply(0, hint, holder, now, out)

@@ -1,0 +1,227 @@
+"""Test helpers shared by the test modules: round-trip counting, waiting, a TCP proxy.
+
+``counting_client(url)`` gives a ``redis.Redis`` whose every round trip (one
+``send_packed_command`` call: a single command, or a whole pipeline) is recorded
+with the commands it carried, so tests can assert "one round trip" as a fact
+rather than infer it from timings.  ``TcpProxy`` sits between a client and a
+redis-server and can swallow traffic without closing sockets: a network
+partition, as opposed to a server that refuses connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
+
+import redis
+
+__all__ = [
+    "Command",
+    "CountingConnection",
+    "RoundTrips",
+    "TcpProxy",
+    "blocked_clients",
+    "counting_client",
+    "keys_of",
+    "parse_commands",
+    "wait_until",
+]
+
+Command = tuple[bytes, ...]
+
+
+def parse_commands(packed: bytes) -> list[Command]:
+    """Split RESP-encoded requests (``*N`` arrays of ``$len`` bulk strings) into commands."""
+    commands: list[Command] = []
+    i = 0
+    while i < len(packed):
+        if packed[i : i + 1] != b"*":
+            raise ValueError(f"not a RESP array at offset {i}: {packed[i : i + 20]!r}")
+        j = packed.index(b"\r\n", i)
+        count, i = int(packed[i + 1 : j]), j + 2
+        args = []
+        for _ in range(count):
+            j = packed.index(b"\r\n", i)
+            length, i = int(packed[i + 1 : j]), j + 2
+            args.append(bytes(packed[i : i + length]))
+            i += length + 2
+        commands.append(tuple(args))
+    return commands
+
+
+class RoundTrips:
+    """What a client sent, one entry per round trip, each a list of commands.
+
+    A command is a tuple of its arguments as bytes, name first (``b"EVALSHA"``).
+    ``before_send``, when set, is called with the commands of a round trip just
+    before they go out, in the sending thread: a test can use it to hold one
+    thread at a precise point (it changes no data).  Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sends: list[list[Command]] = []
+        self.before_send: Optional[Callable[[list[Command]], None]] = None
+
+    def record(self, commands: list[Command]) -> None:
+        with self._lock:
+            self._sends.append(commands)
+
+    @property
+    def sends(self) -> list[list[Command]]:
+        """A snapshot of the round trips so far."""
+        with self._lock:
+            return list(self._sends)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._sends)
+
+    def names(self) -> list[list[str]]:
+        """Command names per round trip, e.g. ``[["EVALSHA"], ["BLPOP"]]``."""
+        return [[c[0].decode().upper() for c in send] for send in self.sends]
+
+    def reset(self) -> None:
+        with self._lock:
+            self._sends.clear()
+
+
+class CountingConnection(redis.Connection):
+    """A ``redis.Connection`` that records each round trip in a :class:`RoundTrips`.
+
+    Handshake commands sent when the connection opens (HELLO, CLIENT SETINFO,
+    SELECT) are recorded too, as they are real round trips: warm a client up
+    before counting.
+    """
+
+    def __init__(self, *args: Any, round_trips: RoundTrips, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.round_trips = round_trips
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        chunks = [command] if isinstance(command, (bytes, str)) else command
+        packed = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+        commands = parse_commands(packed)
+        hook = self.round_trips.before_send
+        if hook is not None:
+            hook(commands)
+        super().send_packed_command(command, check_health)
+        # Recorded once sent: a send that failed to connect carried nothing.
+        self.round_trips.record(commands)
+
+
+def counting_client(url: str, **kwargs: Any) -> tuple[redis.Redis, RoundTrips]:
+    """A client on ``url`` whose round trips are recorded; ``kwargs`` go to the pool."""
+    trips = RoundTrips()
+    pool = redis.ConnectionPool.from_url(
+        url, connection_class=CountingConnection, round_trips=trips, **kwargs
+    )
+    return redis.Redis(connection_pool=pool), trips
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.005, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def blocked_clients(client: redis.Redis) -> int:
+    """How many connections the server sees blocked in a blocking command (BLPOP...)."""
+    return sum(1 for c in client.client_list() if "b" in c["flags"])
+
+
+class TcpProxy:
+    """A loopback TCP proxy to ``host:port`` that can turn into a black hole.
+
+    ``blackhole()`` silently drops bytes in both directions and keeps every
+    socket open, as a network partition does: a client then waits on a reply
+    that never comes.  ``close()`` closes everything (clients see EOF).
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._dropping = threading.Event()
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def blackhole(self) -> None:
+        self._dropping.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            sockets = [self._listener, *self._sockets]
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(5)
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, name="test-tcp-proxy", daemon=True)
+        with self._lock:
+            self._threads.append(t)
+        t.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._sockets += [downstream, upstream]
+            self._spawn(self._pump, downstream, upstream)
+            self._spawn(self._pump, upstream, downstream)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not self._dropping.is_set():
+                    dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def keys_of(commands: Iterable[Command], numkeys_at: int = 2) -> list[bytes]:
+    """The KEYS of EVAL/EVALSHA commands (``EVALSHA sha numkeys key...``)."""
+    out: list[bytes] = []
+    for c in commands:
+        n = int(c[numkeys_at])
+        out += c[numkeys_at + 1 : numkeys_at + 1 + n]
+    return out
