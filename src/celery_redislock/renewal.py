@@ -100,7 +100,7 @@ class _ClientRenewer:
         self.keeper = keeper
         self.client = client
         self.busy = False
-        self.batches: queue.SimpleQueue[list[_Entry]] = queue.SimpleQueue()
+        self.batches: queue.SimpleQueue[Optional[list[_Entry]]] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="redislock-renew", daemon=True)
         self.thread.start()
 
@@ -108,9 +108,14 @@ class _ClientRenewer:
         self.busy = True
         self.batches.put(batch)
 
+    def stop(self) -> None:
+        self.batches.put(None)
+
     def _run(self) -> None:
         while True:
             batch = self.batches.get()
+            if batch is None:
+                return
             try:
                 self.keeper._renew_on(self.client, batch)
             except Exception:  # never let the thread die
@@ -186,6 +191,8 @@ class Keeper:
                     due.append((renewer, entries))
                 for renewer, entries in due:
                     renewer.submit(entries)
+                for key in [k for k, r in self._renewers.items() if k not in groups and not r.busy]:
+                    self._renewers.pop(key).stop()  # no leases left on that client
                 if not expired and not due:
                     self._cond.wait(max(0.0, min(wake_at, default=now + 1.0) - now))
             for e in expired:
