@@ -16,6 +16,7 @@ the task instance, which one worker process shares among its threads.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
@@ -155,7 +156,11 @@ class LockedTask(Task):  # type: ignore[misc]
         )
         guards.check_options(name, cls.semaphore, cls.concurrency_group, cls.lock_mode, groups)
         if "run" in cls.__dict__ or "lock_key" in cls.__dict__:
-            cls._redislock_keyspec = KeySpec(name, cls.run, cls.lock_key)
+            # Celery stores run as a staticmethod unless bind=True; a plain
+            # function (bind=True, or a class-based task) takes the task first.
+            raw = inspect.getattr_static(cls, "run")
+            bound = not isinstance(raw, staticmethod)
+            cls._redislock_keyspec = KeySpec(name, cls.run, cls.lock_key, bound=bound)
 
     # -- options and names ---------------------------------------------------
 

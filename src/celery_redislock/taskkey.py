@@ -33,13 +33,21 @@ def canonical(value: Any) -> str:
 class KeySpec:
     """The ``lock_key`` of one task, checked against the task's signature."""
 
-    def __init__(self, task_name: str, run: Callable[..., Any], lock_key: Any) -> None:
+    def __init__(
+        self, task_name: str, run: Callable[..., Any], lock_key: Any, *, bound: bool = False
+    ) -> None:
+        """``bound``: ``run`` is a plain function whose first parameter is the task
+        (``bind=True``, or a class-based task's method), not a call argument."""
         self.task_name = task_name
         self.lock_key = lock_key
         try:
-            self.signature: Optional[inspect.Signature] = inspect.signature(run)
+            signature: Optional[inspect.Signature] = inspect.signature(run)
         except (TypeError, ValueError):
-            self.signature = None
+            signature = None
+        if signature is not None and bound:
+            params = list(signature.parameters.values())[1:]
+            signature = signature.replace(parameters=params)
+        self.signature = signature
         self.params: tuple[str, ...] = ()
         self.template: Optional[str] = None
         self.func: Optional[Callable[..., Any]] = None
