@@ -134,6 +134,7 @@ class Keeper:
         self._held: dict[int, _Entry] = {}
         self._renewers: dict[int, _ClientRenewer] = {}
         self._thread: threading.Thread | None = None
+        self._sleeping_until = 0.0  # monotonic time the keeper thread wakes by itself
         #: Round trips made by renewals, for tests and stats.
         self.round_trips = 0
 
@@ -141,14 +142,18 @@ class Keeper:
         token = lease.token
         if token is None:
             return
+        entry = _Entry(lease, token)
         with self._cond:
-            self._held[id(lease)] = _Entry(lease, token)
+            self._held[id(lease)] = entry
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="redislock-keeper", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            # Waking the keeper costs the acquiring thread a context switch;
+            # only do it when the keeper would otherwise sleep past this lease.
+            if entry.next_due < self._sleeping_until:
+                self._cond.notify()
 
     def discard(self, lease: Renewable) -> None:
         with self._cond:
@@ -166,7 +171,9 @@ class Keeper:
         while True:
             with self._cond:
                 while not self._held:
+                    self._sleeping_until = float("inf")
                     self._cond.wait()
+                self._sleeping_until = 0.0
                 now = time.monotonic()
                 expired = [e for e in self._held.values() if now - e.last_ok >= e.lease.ttl]
                 for e in expired:
@@ -194,7 +201,10 @@ class Keeper:
                 for key in [k for k, r in self._renewers.items() if k not in groups and not r.busy]:
                     self._renewers.pop(key).stop()  # no leases left on that client
                 if not expired and not due:
-                    self._cond.wait(max(0.0, min(wake_at, default=now + 1.0) - now))
+                    until = min(wake_at, default=now + 1.0)
+                    self._sleeping_until = until
+                    self._cond.wait(max(0.0, until - now))
+                    self._sleeping_until = 0.0
             for e in expired:
                 self._lost(
                     e,

@@ -36,6 +36,12 @@ if holder == token then
   redis.call('DEL', wake .. token)
   return reply(1, tonumber(redis.call('GET', KEYS[2])), '', 0, out)
 end
+if not holder and redis.call('EXISTS', Q.queue, Q.inflight) == 0 then
+  -- Free with nobody in line: the common case, taken without queueing.
+  local f = redis.call('INCR', KEYS[2])
+  redis.call('SET', lock, token, 'PX', ttl)
+  return reply(1, f, '', 0, out)
+end
 local now = now_ms()
 requeue_lapsed(Q, now, 'x')
 if wait > 0 then

@@ -21,6 +21,9 @@ elseif holder ~= ARGV[1] then
   return {0}
 end
 redis.call('DEL', lock)
+if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
+  return {1, 0}  -- nobody waiting, nothing parked in flight
+end
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[4]}
 local now = now_ms()
