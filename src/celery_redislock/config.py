@@ -192,10 +192,10 @@ def client_for(app: Any) -> Any:
     pid = os.getpid()
     entry = _clients.get(app)
     if entry is None or entry[0] != pid:
+        s = settings_for(app)  # before taking _lock: settings_for takes it too
         with _lock:
             entry = _clients.get(app)
             if entry is None or entry[0] != pid:
-                s = settings_for(app)
                 client = redis.Redis.from_url(
                     s.url,
                     socket_timeout=s.socket_timeout,
