@@ -1,0 +1,459 @@
+"""Lock benchmark: celery_redislock.Lock side by side with its peers.
+
+Starts one private redis-server on a free loopback port and measures, in one
+run, celery_redislock.Lock, redis-py's Lock, python-redis-lock and pottery's
+Redlock, plus two baselines (a bare PING, and a bare BLPOP/RPUSH token list):
+
+* round trips per uncontended acquire + release, counted client-side (every
+  socket write of a command, or of a pipeline, is one round trip);
+* median and p99 time of an uncontended acquire + release;
+* handoff latency: a waiter in another process is blocked in ``acquire()``
+  when the holder releases; latency is the waiter's acquire-return time minus
+  the holder's release-call time, both read from CLOCK_MONOTONIC, which all
+  processes of a Linux machine share.
+
+The timed work runs in interleaved batches (every contender, in rotating
+order, then again), so a burst of load on the machine spreads over all of
+them instead of landing on one.  Prints a markdown table; ratios are against
+celery_redislock in the same run.  A benchmark, not a test: it never asserts.
+
+    python bench/locks.py [--cycles N] [--handoffs N] [--hold-ms MIN MAX]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import multiprocessing
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import redis
+from redis.connection import Connection
+
+#: The lease of every lock, in seconds, for every library.
+TTL = 10
+#: Uncontended cycles run before anything is counted or timed.
+WARMUP_CYCLES = 100
+#: Uncontended cycles whose commands are counted (a pass of its own, not timed).
+COUNTED_CYCLES = 200
+#: The timed cycles and handoffs are split into this many interleaved batches.
+BATCHES = 5
+#: Handoffs run at the start of every batch and not measured (connections,
+#: scripts, threads, the first pass through cold code after fork).
+WARMUP_HANDOFFS = 2
+
+# CLOCK_MONOTONIC on Linux: one clock for every process, so a timestamp taken
+# in the holder can be subtracted from one taken in the waiter.
+now = time.monotonic
+
+
+# -- counting round trips -------------------------------------------------------------
+
+
+class CountingConnection(Connection):
+    """A redis-py Connection that logs the command name of every write, when asked.
+
+    redis-py writes one command, or one whole pipeline, per
+    ``send_packed_command`` call and then reads the reply: one call is one
+    round trip.
+    """
+
+    #: Names of the commands written since recording started; None: not recording.
+    sent: Optional[list[str]] = None
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        log = CountingConnection.sent
+        if log is not None:
+            log.append(command_name(command))
+        super().send_packed_command(command, check_health)
+
+
+def command_name(packed: Any) -> str:
+    """``EVALSHA`` from ``*6\\r\\n$7\\r\\nEVALSHA\\r\\n...`` (the first command of a write)."""
+    head = packed if isinstance(packed, (bytes, str)) else packed[0]
+    if isinstance(head, str):
+        head = head.encode()
+    parts = bytes(head).split(b"\r\n", 3)
+    return parts[2].decode().upper() if len(parts) > 2 else "?"
+
+
+def make_client(port: int) -> redis.Redis:
+    pool = redis.ConnectionPool(host="127.0.0.1", port=port, connection_class=CountingConnection)
+    return redis.Redis(connection_pool=pool)
+
+
+# -- the contenders -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Contender:
+    label: str
+    #: (client, name) -> an object with acquire() (blocking) and release().
+    make: Callable[[redis.Redis, str], Any]
+    #: Called once per lock name before the lock is first used.
+    seed: Optional[Callable[[redis.Redis, str], None]] = None
+    #: Whether handoffs are measured (not for PING, which is no lock).
+    handoff: bool = True
+
+
+def _ours(client: redis.Redis, name: str) -> Any:
+    import celery_redislock
+
+    # Defaults: background renewal on (the keeper thread), wait forever.
+    return celery_redislock.Lock(client, name, ttl=TTL)
+
+
+def _redis_py(client: redis.Redis, name: str) -> Any:
+    # Defaults: blocking=True, sleep=0.1 s between polls.
+    return client.lock(name, timeout=TTL)
+
+
+def _python_redis_lock(client: redis.Redis, name: str) -> Any:
+    import redis_lock
+
+    # auto_renewal=False (its default): True starts and joins a thread per hold.
+    return redis_lock.Lock(client, name, expire=TTL, auto_renewal=False)
+
+
+def _pottery(client: redis.Redis, name: str) -> Any:
+    import pottery
+
+    # Defaults otherwise: a blocked acquire retries after uniform(0, 0.2) s.
+    return pottery.Redlock(key=name, masters={client}, auto_release_time=TTL)
+
+
+class TokenList:
+    """The floor of a push handoff: one token in a list, BLPOP takes it, RPUSH gives it back.
+
+    A mutex with no lease, no owner check and no queue: nothing a real lock
+    could beat, through the same client and the same wake-up path.
+    """
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    @staticmethod
+    def seed(client: redis.Redis, name: str) -> None:
+        client.delete(name)
+        client.rpush(name, 1)
+
+    def acquire(self) -> bool:
+        return self.client.blpop([self.name], 0) is not None
+
+    def release(self) -> None:
+        self.client.rpush(self.name, 1)
+
+
+class Ping:
+    """One PING per "cycle": the cost of one round trip."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client = client
+
+    def acquire(self) -> bool:
+        return bool(self.client.ping())
+
+    def release(self) -> None:
+        pass
+
+
+CONTENDERS = [
+    Contender("celery_redislock", _ours),
+    Contender("redis-py Lock", _redis_py),
+    Contender("python-redis-lock", _python_redis_lock),
+    Contender("pottery Redlock", _pottery),
+    Contender("baseline: token list (BLPOP + RPUSH)", TokenList, TokenList.seed),
+    Contender("baseline: Redis PING", Ping, handoff=False),
+]
+BASELINE = CONTENDERS[0].label
+
+
+@dataclass
+class Result:
+    contender: Contender
+    lock: Any
+    round_trips: float = 0.0
+    commands: str = ""
+    cycles: list[float] = field(default_factory=list)
+    #: (latency, how long the waiter had been in acquire() when the holder released)
+    handoffs: list[tuple[float, float]] = field(default_factory=list)
+
+
+# -- uncontended cycles -----------------------------------------------------------------
+
+
+def prepare(client: redis.Redis, c: Contender) -> Result:
+    """Warm up, then count the commands of COUNTED_CYCLES uncontended cycles."""
+    name = f"bench:cycle:{c.label}"
+    if c.seed is not None:
+        c.seed(client, name)
+    lock = c.make(client, name)
+    for _ in range(WARMUP_CYCLES):
+        lock.acquire()
+        lock.release()
+    CountingConnection.sent = sent = []
+    for _ in range(COUNTED_CYCLES):
+        lock.acquire()
+        lock.release()
+    CountingConnection.sent = None
+    counts = Counter(sent)
+    commands = ", ".join(
+        name if n == COUNTED_CYCLES else f"{name} x{n / COUNTED_CYCLES:g}"
+        for name, n in counts.most_common()
+    )
+    return Result(c, lock, len(sent) / COUNTED_CYCLES, commands)
+
+
+def time_cycles(lock: Any, cycles: int) -> list[float]:
+    times = []
+    for _ in range(cycles):
+        t0 = now()
+        lock.acquire()
+        lock.release()
+        times.append(now() - t0)
+    return times
+
+
+# -- handoffs between two processes -------------------------------------------------------
+
+
+def handoff_player(
+    c: Contender,
+    port: int,
+    name: str,
+    peer: Any,
+    holds_first: bool,
+    rounds: int,
+    hold: tuple[float, float],
+    out: Any,
+) -> None:
+    """One of two processes playing ping-pong with one lock; roles swap every round.
+
+    A round: the holder tells the waiter it holds the lock; the waiter answers
+    that it is about to call acquire() and calls it; the holder sleeps a
+    random ``hold`` (s), notes the time and releases, then sends that time;
+    the waiter, now the holder, records acquire-return minus release-call.
+    """
+    client = make_client(port)
+    warm = c.make(client, name + ":warm")  # connect, load scripts, start threads
+    warm.acquire()
+    warm.release()
+    lock = c.make(client, name)
+    rng = random.Random(os.getpid())
+    samples: list[tuple[int, float, float]] = []  # (round, latency, time blocked)
+    holding = holds_first
+    if holding:
+        lock.acquire()
+    for i in range(rounds):
+        if holding:
+            peer.send("held")
+            peer.recv()  # "waiting": the peer is about to call acquire()
+            time.sleep(rng.uniform(*hold))
+            released_at = now()
+            lock.release()
+            peer.send(released_at)
+            holding = False
+        else:
+            peer.recv()  # "held"
+            peer.send("waiting")
+            called_at = now()
+            lock.acquire()
+            got_at = now()
+            released_at = peer.recv()
+            samples.append((i, got_at - released_at, released_at - called_at))
+            holding = True
+    if holding:
+        lock.release()
+    out.send(samples)
+    client.close()
+
+
+def run_handoffs(
+    client: redis.Redis, c: Contender, name: str, handoffs: int, hold: tuple[float, float]
+) -> list[tuple[float, float]]:
+    """WARMUP_HANDOFFS + ``handoffs`` rounds between two forked processes."""
+    if c.seed is not None:
+        c.seed(client, name)
+        c.seed(client, name + ":warm")
+    port = client.connection_pool.connection_kwargs["port"]
+    rounds = WARMUP_HANDOFFS + handoffs
+    ctx = multiprocessing.get_context("fork")
+    ends = ctx.Pipe()
+    outs, procs = [], []
+    for end, first in zip(ends, (True, False)):
+        receive, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=handoff_player,
+            args=(c, port, name, end, first, rounds, hold, send),
+            daemon=True,
+        )
+        p.start()
+        send.close()  # so that a player dying without reporting reads as EOF
+        outs.append(receive)
+        procs.append(p)
+    samples = []
+    deadline = now() + 60 + rounds * (hold[1] + 0.5)
+    while outs and now() < deadline:
+        for receive in list(outs):
+            if receive.poll(0.05):
+                with contextlib.suppress(EOFError):
+                    samples.extend(receive.recv())
+                outs.remove(receive)
+        if any(p.exitcode not in (None, 0) for p in procs):
+            log(f"warning: a {c.label} handoff player failed (traceback above)")
+            break
+    for p in procs:
+        p.join(5)
+        if p.is_alive():  # stuck: do not let one library hang the whole run
+            log(f"warning: {c.label} handoff player {p.pid} stuck, terminating it")
+            p.terminate()
+            p.join()
+    return [(lat, blocked) for i, lat, blocked in samples if i >= WARMUP_HANDOFFS]
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def p99(values: list[float]) -> float:
+    """Nearest-rank 99th percentile (with fewer than 100 samples: the largest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def ms(seconds: Optional[float], digits: int = 3) -> str:
+    if seconds is None:
+        return "-"
+    value = seconds * 1000
+    return f"{value:.{digits}f}" if value < 10 else f"{value:.1f}"
+
+
+def handoff_median(r: Result) -> Optional[float]:
+    return statistics.median(h[0] for h in r.handoffs) if r.handoffs else None
+
+
+def table(results: list[Result]) -> str:
+    base = handoff_median(next(r for r in results if r.contender.label == BASELINE))
+    lines = [
+        "| library | round trips/cycle | cycle median (ms) | cycle p99 (ms) "
+        "| handoff median (ms) | handoff p99 (ms) | handoff ratio vs celery_redislock |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        median = handoff_median(r)
+        tail = p99([h[0] for h in r.handoffs]) if r.handoffs else None
+        ratio = f"{median / base:.1f}x" if median is not None and base else "-"
+        lines.append(
+            f"| {r.contender.label} | {r.round_trips:g} | {ms(statistics.median(r.cycles))} "
+            f"| {ms(p99(r.cycles))} | {ms(median)} | {ms(tail)} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def details(results: list[Result]) -> str:
+    lines = ["Commands written per uncontended cycle, and handoff sanity checks:", ""]
+    for r in results:
+        line = f"- {r.contender.label}: {r.commands}"
+        if r.handoffs:
+            blocked = min(h[1] for h in r.handoffs)
+            line += (
+                f"; {len(r.handoffs)} handoffs, the waiter had been in acquire() "
+                f"for at least {ms(blocked, 1)} ms at every release"
+            )
+            early = sum(1 for h in r.handoffs if h[0] < 0)
+            if early:
+                line += f"; {early} WAITER(S) RETURNED BEFORE THE RELEASE CALL"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def start_server() -> Any:
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from tests.redis_server import RedisServer
+
+    return RedisServer().start()
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--cycles", type=int, default=2000, help="uncontended cycles per library")
+    parser.add_argument("--handoffs", type=int, default=50, help="measured handoffs per library")
+    parser.add_argument(
+        "--hold-ms",
+        type=float,
+        nargs=2,
+        default=[5.0, 30.0],
+        metavar=("MIN", "MAX"),
+        help="the holder releases a uniform random MIN-MAX ms after the waiter "
+        "calls acquire() (default: 5 30)",
+    )
+    args = parser.parse_args(argv)
+    low, high = args.hold_ms
+    if args.cycles < 1 or args.handoffs < 1 or not 1 <= low <= high:
+        parser.error("--cycles and --handoffs must be positive, and 1 <= --hold-ms MIN <= MAX")
+    hold = (low / 1000, high / 1000)
+
+    server = start_server()
+    try:
+        client = make_client(server.port)
+        libs = ", ".join(
+            f"{d} {version(d)}" for d in ("celery-redislock", "python-redis-lock", "pottery")
+        )
+        log(
+            f"redis-server {client.info('server')['redis_version']} on 127.0.0.1:{server.port}; "
+            f"Python {platform.python_version()}, redis-py {redis.__version__}, {libs}; "
+            f"{os.cpu_count()} CPUs"
+        )
+        log(
+            f"ttl {TTL} s; {args.cycles} cycles; {args.handoffs} handoffs, holder releases "
+            f"{low:g}-{high:g} ms after the waiter calls acquire(); {BATCHES} batches"
+        )
+        results = [prepare(client, c) for c in CONTENDERS]
+        cycles, handoffs = split(args.cycles, BATCHES), split(args.handoffs, BATCHES)
+        for b in range(BATCHES):
+            started = now()
+            k = b % len(results)
+            for r in results[k:] + results[:k]:
+                r.cycles += time_cycles(r.lock, cycles[b])
+                c = r.contender
+                if c.handoff and handoffs[b]:
+                    name = f"bench:handoff:{c.label}:{b}"
+                    r.handoffs += run_handoffs(client, c, name, handoffs[b], hold)
+            log(f"  batch {b + 1}/{BATCHES}: {now() - started:.1f} s")
+        for r in results:
+            if r.contender.handoff and len(r.handoffs) < args.handoffs:
+                log(f"warning: {r.contender.label}: {len(r.handoffs)} handoffs measured")
+        print(table(results))
+        print()
+        print(details(results))
+        client.close()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
