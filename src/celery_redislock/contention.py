@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from celery.exceptions import Ignore, Retry
 
-from . import park, signals
+from . import config, park, signals
 from .exceptions import LockContended, TaskSkipped
 from .policy import RETRIES_HEADER, backoff, holder_task_id
 from .primitive import Primitive
@@ -90,9 +90,11 @@ def retry_later(task: Any, request: Any, reason: Exception) -> None:
                 reason.ttl_ms,
             ) from reason
         raise reason
-    delay = backoff(
-        attempt, task.lock_option("lock_retry_backoff"), task.lock_option("lock_retry_backoff_max")
-    )
+    cap = task.lock_option("lock_retry_backoff_max")
+    vt = config.visibility_timeout(task.app.conf)
+    if vt is not None:
+        cap = min(cap, vt / 2)  # a countdown past it would be redelivered: a duplicate run
+    delay = backoff(attempt, task.lock_option("lock_retry_backoff"), cap)
     headers[RETRIES_HEADER] = attempt + 1
     sig = task.signature_from_request(request, countdown=delay, headers=headers)
     sig.apply_async()  # if this fails, the run fails visibly with the error

@@ -65,10 +65,20 @@ def decode(payload: bytes) -> dict[str, Any]:
     return result
 
 
-def publisher(app: Any) -> Any:
-    """An ``on_parked`` callback that re-publishes granted parked tasks with ``app``."""
+def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = None) -> Any:
+    """An ``on_parked`` callback that re-publishes granted parked tasks with ``app``.
+
+    With ``prim``, the primitive is first put in the recovery index due when
+    the reservations lapse, so a hand-over lost with this process is found by
+    a sweeper within ``park_reserve + park_sweep_interval``.
+    """
 
     def publish(parked: list[Parked]) -> None:
+        if prim is not None:
+            try:
+                register(prim, kind, int(prim.park_reserve * 1000) + 1)
+            except Exception:
+                logger.exception("could not schedule recovery of %s %r", prim.kind, prim.name)
         fault("before-park-publish")
         for token, payload in parked:
             try:

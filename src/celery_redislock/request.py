@@ -22,6 +22,7 @@ from celery.worker.request import Request
 
 from . import config
 from .locks import reap
+from .park import PARK_HEADER
 from .policy import owner_prefix
 
 __all__ = ["LockedRequest", "wait_dead"]
@@ -83,15 +84,18 @@ class LockedRequest(Request):  # type: ignore[misc]
         self._redislock_reaped = True
         task, pid = self.task, self.worker_pid
         try:
-            name = task.lock_name_for(self.args, self.kwargs)
+            name, kind = task.lock_target_for(self.args, self.kwargs)
         except Exception:
             logger.exception("%s[%s]: cannot compute the lock to reap", self.task_name, self.id)
             return
-        owner = owner_prefix(self.id, self.hostname, pid)
-        app = task.app
+        # A re-published parked run holds under the token it parked with.
+        headers = self._request_dict
+        owner = headers.get(PARK_HEADER) or (headers.get("headers") or {}).get(PARK_HEADER)
+        if not owner:
+            owner = owner_prefix(self.id, self.hostname, pid)
         threading.Thread(
             target=_reap,
-            args=(app, name, owner, pid, why, self.id),
+            args=(task.app, name, kind, owner, pid, why, self.id),
             daemon=True,
             name="redislock-reap",
         ).start()
@@ -105,7 +109,11 @@ def _reap(app: Any, name: str, kind: Any, owner: str, pid: int, why: str, task_i
         return
     try:
         freed = reap(
-            config.client_for(app), name, owner, prefix=config.settings_for(app).key_prefix
+            config.client_for(app),
+            name,
+            owner,
+            prefix=config.settings_for(app).key_prefix,
+            kind=kind,
         )
     except Exception:
         logger.exception("could not free lock %r of task %s (%s)", name, task_id, why)

@@ -242,10 +242,10 @@ class LockedTask(Task):  # type: ignore[misc]
             prefix=settings.key_prefix,
             renew_interval=self.lock_option("lock_renew_interval"),
             owner=owner,
-            on_parked=park.publisher(self.app),
             park_reserve=settings.park_reserve,
         )
         prim.task = self  # type: ignore[attr-defined]  # for lock_lost receivers
+        prim.on_parked = park.publisher(self.app, prim, kind)
         return prim
 
     def _redislock_enter(
