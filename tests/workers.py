@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,21 +16,56 @@ ROOT = Path(__file__).resolve().parent.parent
 class Worker:
     """A `celery -A tests.celery_app worker` subprocess; ``stop()`` sends SIGTERM then SIGKILL."""
 
-    def __init__(self, redis_base: str, concurrency: int = 4, pool: str = "prefork",
-                 name: str = "w1", extra: list[str] | None = None,
-                 app: str = "tests.celery_app") -> None:
+    def __init__(
+        self,
+        redis_base: str,
+        concurrency: int = 4,
+        pool: str = "prefork",
+        name: str = "w1",
+        extra: list[str] | None = None,
+        app: str = "tests.celery_app",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
-        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"redislock-worker-{name}-{os.getpid()}.log"
-        env = dict(os.environ, REDISLOCK_TEST_REDIS=redis_base, PYTHONPATH=str(ROOT))
+        self.log = (
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"redislock-worker-{name}-{os.getpid()}.log"
+        )
+        env = {
+            **os.environ,
+            "REDISLOCK_TEST_REDIS": redis_base,
+            "PYTHONPATH": str(ROOT),
+            **(env or {}),
+        }
         cmd = [
-            sys.executable, "-m", "celery", "-A", app, "worker",
-            "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-l", "INFO", *(extra or []),
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "INFO",
+            *(extra or []),
         ]
-        self._logf = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._logf,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        # Open for the worker's lifetime; stop() closes it.
+        self._logf = open(self.log, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 30.0) -> Worker:
         deadline = time.monotonic() + timeout
@@ -57,8 +93,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.kill()
                 self.proc.wait(5)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # stray pool children
-        except ProcessLookupError:
-            pass
         self._logf.close()
