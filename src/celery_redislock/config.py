@@ -101,6 +101,8 @@ def validate(name: str, value: Any, where: str) -> None:
         "lock_retry_backoff_max",
         "lock_wait_timeout",
         "socket_timeout",
+        "park_reserve",
+        "park_sweep_interval",
     ):
         _positive(value, where)
     elif name == "renew_interval":

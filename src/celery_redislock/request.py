@@ -63,6 +63,13 @@ class LockedRequest(Request):  # type: ignore[misc]
 
     _redislock_reaped = False
 
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        # revoke(terminate=True): reap as soon as the child is dead, rather
+        # than when billiard next notices the lost worker (up to seconds).
+        super().terminate(pool, signal)
+        if self.time_start and self.worker_pid:
+            self._redislock_reap("revoke(terminate=True)")
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)
         if not soft:

@@ -1,0 +1,59 @@
+"""Fixtures of the LockedTask integration tests (tests/integration/test_task_*.py).
+
+The test process talks to the same Redis as the workers through
+``tests.celery_app`` (broker db 1, results db 2, locks db 0, recordings db 3).
+Each test uses its own tags and job keys, so nothing is flushed between tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+import redis
+
+
+@pytest.fixture(scope="session")
+def redis_base(redis_url: str) -> str:
+    """``redis://host:port`` of the session's server, without a database."""
+    return redis_url.rsplit("/", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def capp(redis_base: str) -> ModuleType:
+    """``tests.celery_app``, pointed at the session's Redis, as the client side."""
+    if "tests.celery_app" not in sys.modules:
+        # The module reads its Redis from the environment at import time.
+        old = os.environ.get("REDISLOCK_TEST_REDIS")
+        os.environ["REDISLOCK_TEST_REDIS"] = redis_base
+        try:
+            importlib.import_module("tests.celery_app")
+        finally:
+            if old is None:
+                del os.environ["REDISLOCK_TEST_REDIS"]
+            else:
+                os.environ["REDISLOCK_TEST_REDIS"] = old
+    module = sys.modules["tests.celery_app"]
+    if redis_base != module.BASE:
+        module.configure(redis_base)
+    return module
+
+
+@pytest.fixture(scope="session")
+def rec(redis_base: str) -> Iterator[redis.Redis]:
+    """Client on db 3, where task bodies and worker signal receivers record."""
+    client = redis.Redis.from_url(f"{redis_base}/3")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def locks(redis_base: str) -> Iterator[redis.Redis]:
+    """Client on db 0, the lock store."""
+    client = redis.Redis.from_url(f"{redis_base}/0")
+    yield client
+    client.close()
