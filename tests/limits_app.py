@@ -169,7 +169,7 @@ def per_customer_plain(customer: str, tag: str, duration: float = 0.2, seq: int 
     bind=True,
     semaphore=1,
     lock_name="l.sem1",
-    lock_ttl=3.0,
+    lock_ttl=10.0,
     on_contention="wait",
 )
 def sem1_hang(self, tag: str, duration: float = 30.0, seq: int = 0):

@@ -149,11 +149,14 @@ class LockedTask(Task):  # type: ignore[misc]
                 f"task {name!r}: option lock_name must be a non-empty str, got {lock_name!r}"
             )
         app = cls.__dict__.get("app")
+        # Check the group against an app that configures groups.  Celery copies
+        # shared tasks into every app created later; an app without any
+        # redislock_semaphores is left to fail at the first run instead.
         groups = (
             config.settings_for(app).semaphores
             if (app is not None and cls.concurrency_group is not None)
             else None
-        )
+        ) or None
         guards.check_options(name, cls.semaphore, cls.concurrency_group, cls.lock_mode, groups)
         if "run" in cls.__dict__ or "lock_key" in cls.__dict__:
             # Celery stores run as a staticmethod unless bind=True; a plain
