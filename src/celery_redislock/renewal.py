@@ -208,8 +208,8 @@ class Keeper:
             for e in expired:
                 self._lost(
                     e,
-                    "no renewal came back within the lease "
-                    f"({e.lease.ttl:g} s): Redis unreachable or partitioned",
+                    f"no renewal succeeded within the lease ({e.lease.ttl:g} s): this "
+                    "process stalled, or Redis was unreachable",
                 )
 
     def _renew_on(self, client: Any, entries: list[_Entry]) -> None:

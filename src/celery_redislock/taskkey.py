@@ -4,15 +4,19 @@
 names, a ``str.format`` template over the parameters, or a callable taking the
 task's arguments.  Arguments are bound through the task's signature, so
 positional, keyword and default values give the same key.  Values are
-canonicalised with kombu's JSON (UUID, datetime, Decimal work) before they
-become part of a lock name.
+canonicalised as compact JSON (UUID, datetime and Decimal as their plain string forms;
+other types through kombu's JSON encoder) before they become part of a
+lock name.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import inspect
 import json
 import string
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -23,10 +27,24 @@ from .exceptions import ConfigurationError
 __all__ = ["KeySpec", "canonical"]
 
 
+def _plain(value: Any) -> Any:
+    # Plain strings for the common non-JSON types, so lock names stay readable
+    # and do not depend on kombu's tagged encoding (which can change between
+    # versions during a rolling upgrade); anything else goes to kombu's encoder.
+    if isinstance(value, (uuid.UUID, decimal.Decimal)):
+        return str(value)
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    return JSONEncoder().default(value)
+
+
 def canonical(value: Any) -> str:
-    """Deterministic compact JSON of ``value`` (raises TypeError when impossible)."""
+    """Deterministic compact JSON of ``value`` (raises TypeError when impossible).
+
+    UUID, Decimal and date/time values become their plain string forms.
+    """
     return json.dumps(
-        value, cls=JSONEncoder, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        value, default=_plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
 
 
