@@ -212,18 +212,7 @@ class Primitive:
             self.key,
             scripts.get(self.ACQUIRE),
             keys=self.script_keys,
-            args=[
-                token,
-                to_ms(self.ttl),
-                wait_ms,
-                self.wake_prefix,
-                GRACE_MS,
-                payload,
-                to_ms(self.park_reserve),
-                1 if claim else 0,
-                "" if order_ms is None else order_ms,
-                *self._extra_args(),
-            ],
+            args=self._acquire_args(token, wait_ms, payload, claim, order_ms),
             client=self.client,
         )
         status = int(reply[0])
@@ -236,6 +225,33 @@ class Primitive:
             self.holder = decode(reply[2])
             self.holder_ttl_ms = int(reply[1])
         return status
+
+    def _acquire_args(
+        self,
+        token: str,
+        wait_ms: int,
+        payload: bytes | str,
+        claim: bool,
+        order_ms: Optional[float],
+    ) -> list[Any]:
+        args: list[Any] = [token, to_ms(self.ttl), wait_ms, self.wake_prefix, GRACE_MS]
+        extra = self._extra_args()
+        if payload or claim or extra:
+            # Every argument is encoded on every call; leave out what the
+            # script defaults when not parking (the common, hot path).
+            args += [
+                payload,
+                to_ms(self.park_reserve),
+                1 if claim else 0,
+                "" if order_ms is None else order_ms,
+                *extra,
+            ]
+        return args
+
+    def _release_args(self, token: str) -> list[Any]:
+        if self.park_reserve == DEFAULT_PARK_RESERVE:
+            return [token, self.wake_prefix]
+        return [token, self.wake_prefix, 0, to_ms(self.park_reserve)]
 
     def _give_up(self, token: str) -> bool:
         reply = call(
@@ -295,7 +311,7 @@ class Primitive:
                 self.key,
                 scripts.get(self.RELEASE),
                 keys=self.script_keys,
-                args=[token, self.wake_prefix, 0, to_ms(self.park_reserve)],
+                args=self._release_args(token),
                 client=self.client,
             )
         except BackendUnavailable:

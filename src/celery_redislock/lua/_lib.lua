@@ -153,7 +153,7 @@ end
 local function multi(KEYS, ARGV_wake, ARGV_reserve)
   return {holders = KEYS[1], fence = KEYS[2], queue = KEYS[3], meta = KEYS[4],
           pmsg = KEYS[5], inflight = KEYS[6], info = KEYS[7],
-          wake = ARGV_wake, reserve = ARGV_reserve}
+          wake = ARGV_wake, reserve = ARGV_reserve or '10000'}
 end
 
 local function drop_holder(Q, token)

@@ -6,6 +6,7 @@
 -- ARGV[3] '1' to match ARGV[1] as a prefix (a worker's main process reaping
 --         the lock of a child it has killed), anything else for an exact match
 -- ARGV[4] reservation lease in ms for parked tasks granted by this call
+--         (ARGV[3] and ARGV[4] may be left out: exact match, 10000 ms)
 -- Returns {1, now, pairs...} when released (pairs: parked tasks granted, to
 -- re-publish), {0} when the caller is not the holder (nothing changed).
 local lock = KEYS[1]
@@ -25,7 +26,7 @@ if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
   return {1, 0}  -- nobody waiting, nothing parked in flight
 end
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
-           inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[4]}
+           inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[4] or '10000'}
 local now = now_ms()
 local out = {}
 local can, grant = mutex_rules(lock)
