@@ -100,29 +100,24 @@ class MultiKeys(NamedTuple):
         ]
 
 
+def _queue_keys(base: str) -> dict[str, str]:
+    """The keys every primitive has: fence, FIFO queue, parked tasks, wake lists."""
+    return {
+        "fence": f"{base}:fence",
+        "queue": f"{base}:queue",
+        "meta": f"{base}:qmeta",
+        "pmsg": f"{base}:parked",
+        "inflight": f"{base}:inflight",
+        "wake": f"{base}:wake:",
+    }
+
+
 def lock_keys(prefix: str, name: str) -> LockKeys:
     base = tag(prefix, name)
-    return LockKeys(
-        lock=f"{base}:lock",
-        fence=f"{base}:fence",
-        queue=f"{base}:queue",
-        meta=f"{base}:qmeta",
-        pmsg=f"{base}:parked",
-        inflight=f"{base}:inflight",
-        wake=f"{base}:wake:",
-    )
+    return LockKeys(lock=f"{base}:lock", **_queue_keys(base))
 
 
 def multi_keys(prefix: str, name: str, kind: str) -> MultiKeys:
     """Keys of semaphore (``kind="sem"``) or read-write lock (``kind="rw"``) ``name``."""
     base = f"{tag(prefix, name)}:{kind}"
-    return MultiKeys(
-        holders=f"{base}:holders",
-        fence=f"{base}:fence",
-        queue=f"{base}:queue",
-        meta=f"{base}:qmeta",
-        pmsg=f"{base}:parked",
-        inflight=f"{base}:inflight",
-        info=f"{base}:info",
-        wake=f"{base}:wake:",
-    )
+    return MultiKeys(holders=f"{base}:holders", info=f"{base}:info", **_queue_keys(base))

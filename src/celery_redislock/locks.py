@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from . import keys, scripts
 from ._common import call, decode
+from .keys import LockKeys
 from .primitive import Primitive
 
 __all__ = ["Lock", "reap"]
@@ -45,6 +46,7 @@ class Lock(Primitive):
     CANCEL = "lock_cancel"
     EXTEND = "lock_extend"
     RECOVER = "lock_recover"
+    keys: LockKeys
 
     def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
         super().__init__(client, name, ttl, **options)
@@ -53,14 +55,6 @@ class Lock(Primitive):
     @property
     def key(self) -> str:
         return self.keys.lock
-
-    @property
-    def wake_prefix(self) -> str:
-        return self.keys.wake
-
-    @property
-    def script_keys(self) -> list[str]:
-        return self.keys.script_keys
 
     def locked(self) -> bool:
         """Whether anyone holds the lock now (one round trip)."""

@@ -51,6 +51,7 @@ class Primitive:
     """Base of Lock, Semaphore and the sides of ReadWriteLock."""
 
     kind: str = "lock"
+    keys: Any  # a keys.LockKeys or keys.MultiKeys, set by the subclass
     ACQUIRE: ClassVar[str]
     RELEASE: ClassVar[str]
     CANCEL: ClassVar[str]
@@ -114,11 +115,11 @@ class Primitive:
 
     @property
     def wake_prefix(self) -> str:
-        raise NotImplementedError
+        return str(self.keys.wake)
 
     @property
     def script_keys(self) -> list[str]:
-        raise NotImplementedError
+        return list(self.keys.script_keys)
 
     def _extra_args(self) -> list[Any]:
         """ARGV after the common ones of the acquire script."""

@@ -13,6 +13,7 @@ from typing import Any
 from . import keys, scripts
 from ._common import call
 from .exceptions import ConfigurationError
+from .keys import MultiKeys
 from .primitive import Primitive
 
 __all__ = ["Semaphore"]
@@ -43,6 +44,7 @@ class Semaphore(Primitive):
     EXTEND = "multi_extend"
     RECOVER = "multi_recover"
     MODE = "s"
+    keys: MultiKeys
 
     def __init__(
         self, client: Any, name: str, limit: int, ttl: float = 30.0, **options: Any
@@ -58,14 +60,6 @@ class Semaphore(Primitive):
     @property
     def key(self) -> str:
         return self.keys.holders
-
-    @property
-    def wake_prefix(self) -> str:
-        return self.keys.wake
-
-    @property
-    def script_keys(self) -> list[str]:
-        return self.keys.script_keys
 
     def _extra_args(self) -> list[Any]:
         return [self.MODE, self.limit]
