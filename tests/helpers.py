@@ -1,4 +1,4 @@
-"""Test helpers shared by the test modules: round-trip counting, waiting, a TCP proxy.
+"""Test helpers shared by the test modules: round trips, waiting, processes, intervals.
 
 ``counting_client(url)`` gives a ``redis.Redis`` whose every round trip (one
 ``send_packed_command`` call: a single command, or a whole pipeline) is recorded
@@ -6,32 +6,61 @@ with the commands it carried, so tests can assert "one round trip" as a fact
 rather than infer it from timings.  ``TcpProxy`` sits between a client and a
 redis-server and can swallow traffic without closing sockets: a network
 partition, as opposed to a server that refuses connections.
+
+Recorded intervals (a body's or a critical section's start and end) come from
+time.monotonic(), which on Linux is CLOCK_MONOTONIC and so comparable across
+the processes of one machine (workers, forked children and the test process).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import multiprocessing
+import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 import redis
 
+from celery_redislock import scripts
+
 __all__ = [
+    "Attempt",
     "Command",
     "CountingConnection",
+    "Interval",
     "RoundTrips",
     "TcpProxy",
+    "assert_no_overlap",
     "blocked_clients",
     "counting_client",
+    "fork_context",
+    "forking",
+    "intervals",
     "keys_of",
+    "kill_now",
+    "outputs",
+    "overlapping",
     "parse_commands",
+    "peak_overlap",
+    "race",
+    "report",
+    "running",
+    "server_ms",
+    "sha",
+    "utilisation",
     "wait_until",
 ]
 
 Command = tuple[bytes, ...]
+Interval = tuple[float, float]
 
 
 def parse_commands(packed: bytes) -> list[Command]:
@@ -125,7 +154,7 @@ def counting_client(url: str, **kwargs: Any) -> tuple[redis.Redis, RoundTrips]:
 
 
 def wait_until(
-    predicate: Callable[[], Any], timeout: float, interval: float = 0.005, what: str = ""
+    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.005, what: str = ""
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -225,3 +254,149 @@ def keys_of(commands: Iterable[Command], numkeys_at: int = 2) -> list[bytes]:
         n = int(c[numkeys_at])
         out += c[numkeys_at + 1 : numkeys_at + 1 + n]
     return out
+
+
+def sha(name: str) -> bytes:
+    """The SHA1 of one of the library's scripts, as EVALSHA carries it."""
+    value = scripts.get(name).sha
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def server_ms(r: redis.Redis) -> int:
+    """The server's clock (TIME) in ms, the clock that lease deadlines are on."""
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# -- processes -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def forking() -> Iterator[None]:
+    # Python 3.12+ warns about fork() in a process with threads (the keeper's);
+    # the children here only run code that is fork-safe by design (see renewal.py).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*fork.*", DeprecationWarning)
+        yield
+
+
+def fork_context() -> Any:
+    return multiprocessing.get_context("fork")
+
+
+@contextlib.contextmanager
+def running(procs: Sequence[Any]) -> Iterator[Sequence[Any]]:
+    """Start forked processes; on the way out, kill and reap any still alive."""
+    try:
+        with forking():
+            for p in procs:
+                p.start()
+        yield procs
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def race(
+    target: Callable[..., None],
+    args: Sequence[tuple[Any, ...]],
+    out_dir: Path,
+    timeout: float = 60.0,
+) -> list[Optional[int]]:
+    """Run ``target(*args[i], go, out)`` in forked processes let go at the same moment.
+
+    Process ``i`` writes what it saw to ``out_dir/<i>.json`` (read back with
+    :func:`outputs`).  Returns the exit codes, in the order of ``args``.
+    """
+    ctx = fork_context()
+    go = ctx.Event()
+    procs = [
+        ctx.Process(target=target, args=(*a, go, str(out_dir / f"{i}.json")))
+        for i, a in enumerate(args)
+    ]
+    with running(procs):
+        go.set()
+        for p in procs:
+            p.join(timeout)
+    return [p.exitcode for p in procs]
+
+
+def outputs(out_dir: Path, n: int) -> list[Any]:
+    """What the ``n`` processes of a :func:`race` wrote, in process order."""
+    return [json.loads((out_dir / f"{i}.json").read_text()) for i in range(n)]
+
+
+def kill_now(proc: Any) -> float:
+    """SIGKILL ``proc``, reap it, and return when that was (monotonic)."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(5)
+    return time.monotonic()
+
+
+class Attempt(threading.Thread):
+    """``hold.acquire(timeout=timeout)`` in a thread: ``ok`` is its result, ``at`` when it returned."""
+
+    def __init__(self, hold: Any, timeout: float) -> None:
+        super().__init__(name="test-acquire", daemon=True)
+        self.hold = hold
+        self.timeout = timeout
+        self.ok: Optional[bool] = None
+        self.at: Optional[float] = None
+
+    def run(self) -> None:
+        self.ok = self.hold.acquire(timeout=self.timeout)
+        self.at = time.monotonic()
+
+
+# -- recorded intervals ----------------------------------------------------------
+
+
+def intervals(records: Iterable[dict[str, Any]]) -> list[Interval]:
+    """``(start, end)`` of recorded runs."""
+    return [(r["start"], r["end"]) for r in records]
+
+
+def peak_overlap(spans: Iterable[Interval]) -> int:
+    """The largest number of intervals open at one instant (touching ones do not overlap)."""
+    spans = list(spans)
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    peak = current = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def overlapping(a: Interval, b: Interval) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def assert_no_overlap(records: list[dict[str, Any]]) -> None:
+    """No two recorded bodies ran at the same time."""
+    ordered = sorted(records, key=lambda r: r["start"])
+    for before, after in zip(ordered, ordered[1:]):
+        assert after["start"] >= before["end"], (
+            f"bodies overlap: {before['id']} ran {before['start']:.3f}..{before['end']:.3f}, "
+            f"{after['id']} started at {after['start']:.3f}"
+        )
+
+
+def utilisation(spans: list[Interval], limit: int) -> float:
+    """Busy time over ``limit`` x the wall time from the first start to the last end."""
+    wall = max(e for _, e in spans) - min(s for s, _ in spans)
+    return sum(e - s for s, e in spans) / (limit * wall)
+
+
+def report(label: str, **values: Any) -> None:
+    """Print a measurement (shown with ``pytest -s``), and append it as a JSON line to
+    $REDISLOCK_MEASUREMENTS when that is set."""
+    shown = ", ".join(
+        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
+    )
+    print(f"\n[measure] {label}: {shown}")
+    path = os.environ.get("REDISLOCK_MEASUREMENTS")
+    if path:
+        with Path(path).open("a") as f:
+            f.write(json.dumps({"name": label, **values}) + "\n")

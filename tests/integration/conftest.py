@@ -1,8 +1,10 @@
-"""Fixtures of the LockedTask integration tests (tests/integration/test_task_*.py).
+"""Fixtures of the integration tests.
 
 The test process talks to the same Redis as the workers through
 ``tests.celery_app`` (broker db 1, results db 2, locks db 0, recordings db 3).
 Each test uses its own tags and job keys, so nothing is flushed between tests.
+The primitives' modules (test_lock, test_semaphore, test_rwlock) opt in to
+``no_leaked_leases``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from types import ModuleType
 
 import pytest
 import redis
+
+from celery_redislock import renewal
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +61,14 @@ def locks(redis_base: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(f"{redis_base}/0")
     yield client
     client.close()
+
+
+@pytest.fixture
+def no_leaked_leases() -> Iterator[None]:
+    """Every test must leave this process's keeper with nothing to renew."""
+    yield
+    k = renewal.keeper()
+    leftover = k.held()
+    for lease in leftover:
+        k.discard(lease)
+    assert leftover == [], "the test left leases in the keeper"

@@ -6,13 +6,9 @@ measured from intervals that processes record with time.monotonic().
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +16,25 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from celery_redislock import ConfigurationError, ReadWriteLock, Semaphore, keys, renewal, scripts
-from tests.helpers import blocked_clients, counting_client, keys_of, wait_until
-from tests.limits_support import fork_context, forking, peak_overlap, report
+from celery_redislock import ConfigurationError, ReadWriteLock, Semaphore, keys
+from tests.helpers import (
+    Attempt,
+    blocked_clients,
+    counting_client,
+    fork_context,
+    keys_of,
+    kill_now,
+    outputs,
+    peak_overlap,
+    race,
+    report,
+    running,
+    server_ms,
+    sha,
+    wait_until,
+)
 
-
-@pytest.fixture(autouse=True)
-def no_leaked_leases() -> Iterator[None]:
-    """Every test must leave this process's keeper with nothing to renew."""
-    yield
-    k = renewal.keeper()
-    leftover = k.held()
-    for lease in leftover:
-        k.discard(lease)
-    assert leftover == [], "the test left leases in the keeper"
-
-
-def sha(name: str) -> bytes:
-    value = scripts.get(name).sha
-    return value if isinstance(value, bytes) else value.encode()
-
-
-def server_ms(r: redis.Redis) -> int:
-    seconds, micros = r.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+pytestmark = pytest.mark.usefixtures("no_leaked_leases")
 
 
 # -- round trips ---------------------------------------------------------------------
@@ -127,26 +118,9 @@ def _hammer(url: str, go: Any, out: str) -> None:
 def test_at_most_limit_holders_across_processes_and_fences_increase(
     redis_url: str, r: redis.Redis, tmp_path: Path
 ) -> None:
-    ctx = fork_context()
-    go = ctx.Event()
-    procs = [
-        ctx.Process(target=_hammer, args=(redis_url, go, str(tmp_path / f"{i}.json")))
-        for i in range(HAMMER_PROCESSES)
-    ]
-    try:
-        with forking():
-            for p in procs:
-                p.start()
-        go.set()
-        for p in procs:
-            p.join(60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * HAMMER_PROCESSES
-    per_process = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(len(procs))]
+    exitcodes = race(_hammer, [(redis_url,)] * HAMMER_PROCESSES, tmp_path)
+    assert exitcodes == [0] * HAMMER_PROCESSES
+    per_process = outputs(tmp_path, HAMMER_PROCESSES)
     records = [rec for recs in per_process for rec in recs]
     assert len(records) == HAMMER_PROCESSES * HAMMER_CYCLES
 
@@ -221,41 +195,28 @@ def test_killed_holders_permit_returns_when_its_lease_ends_not_before(
     ctx = fork_context()
     parent_end, child_end = ctx.Pipe()
     holder = ctx.Process(target=_hold_until_killed, args=(redis_url, "crash", ttl, child_end))
-    with forking():
-        holder.start()
     waiter = Semaphore(r, "crash", 2, ttl=10.0)
-    granted: dict[str, Any] = {}
-
-    def wait() -> None:
-        granted["ok"] = waiter.acquire(timeout=5)
-        granted["at"] = time.monotonic()
-
-    thread = threading.Thread(target=wait)
-    try:
+    granted = Attempt(waiter, timeout=5)
+    with running([holder]):
         assert parent_end.poll(10)
         token, holder_fence = parent_end.recv()
-        thread.start()
+        granted.start()
         wait_until(lambda: blocked_clients(r) == 1, 2, what="the waiter to block")
         time.sleep(ttl)  # the child's keeper renews it past its first lease
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.join(5)
-        killed_at = time.monotonic()
+        killed_at = kill_now(holder)
         left_ms = int(float(r.zscore(waiter.keys.holders, token))) - server_ms(r)  # type: ignore[arg-type]
-        thread.join(5)
-    finally:
-        if holder.is_alive():
-            holder.kill()
-            holder.join()
+        granted.join(5)
     expires_at = killed_at + left_ms / 1000
     assert left_ms > 300  # the dead holder's lease was still running when it died
-    assert granted["ok"] is True
-    assert granted["at"] >= expires_at - 0.02
-    assert granted["at"] - killed_at <= ttl + 0.3
+    assert granted.ok is True
+    assert granted.at is not None
+    assert granted.at >= expires_at - 0.02
+    assert granted.at - killed_at <= ttl + 0.3
     assert waiter.fence == holder_fence + 1  # type: ignore[operator]
     assert other.owned()
     assert r.zcard(waiter.keys.holders) == 2
     report(
-        "semaphore crashed holder", lease_left_s=left_ms / 1000, regrant_s=granted["at"] - killed_at
+        "semaphore crashed holder", lease_left_s=left_ms / 1000, regrant_s=granted.at - killed_at
     )
     waiter.release()
     other.release()
@@ -283,9 +244,7 @@ def test_waiter_in_another_process_is_woken_within_50ms_of_a_release(
     parent_end, child_end = ctx.Pipe()
     proc = ctx.Process(target=_wait_rounds, args=(redis_url, child_end))
     latencies = []
-    try:
-        with forking():
-            proc.start()
+    with running([proc]):
         for _ in range(WAKE_ROUNDS):
             holder = Semaphore(r, "wakeup", 1, ttl=10.0)
             assert holder.acquire(timeout=5)
@@ -300,10 +259,6 @@ def test_waiter_in_another_process_is_woken_within_50ms_of_a_release(
             assert fence == held_fence + 1  # type: ignore[operator]
             latencies.append(granted_at - released_at)
         proc.join(5)
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
     assert proc.exitcode == 0
     # Woken by the release itself: a poll would show its interval here.  The
     # median, since one round may lose the CPU on a loaded machine.
