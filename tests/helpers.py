@@ -336,14 +336,18 @@ def kill_now(proc: Any) -> float:
 
 
 class Attempt(threading.Thread):
-    """``hold.acquire(timeout=timeout)`` in a thread: ``ok`` is its result, ``at`` when it returned."""
+    """``hold.acquire(timeout=timeout)`` in a thread.
+
+    ``ok`` is what it returned and ``at`` when (monotonic; NaN, which fails every
+    comparison, until then).
+    """
 
     def __init__(self, hold: Any, timeout: float) -> None:
         super().__init__(name="test-acquire", daemon=True)
         self.hold = hold
         self.timeout = timeout
         self.ok: Optional[bool] = None
-        self.at: Optional[float] = None
+        self.at = float("nan")
 
     def run(self) -> None:
         self.ok = self.hold.acquire(timeout=self.timeout)

@@ -1,19 +1,30 @@
-"""Helpers of the LockedTask integration tests: workers, recordings, interval checks."""
+"""Helpers of the worker tests: starting workers, pointing apps at the test Redis, recordings.
+
+Two apps serve them: ``tests.celery_app`` (the LockedTask tests, test_task_*.py)
+and ``tests.limits_app`` (semaphores, read-write locks, park).  Both use the
+same layout: locks on db 0, broker db 1, results db 2, recordings db 3, where
+bodies record ``{id, start, end, ...}`` into the lists ``started:<tag>`` and
+``runs:<tag>`` (start and end from time.monotonic(): see tests.helpers).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Iterable, Iterator
+from types import ModuleType
 from typing import Any, Optional
 
+import pytest
 import redis
 
 from celery_redislock import config, keys
 from tests.workers import Worker
+
+# -- workers ---------------------------------------------------------------------
 
 
 def start_worker(
@@ -38,6 +49,21 @@ def start_worker(
         raise
 
 
+def worker_fixture(name: str, **kw: Any) -> Any:
+    """A module-scoped ``worker`` fixture: a warmed-up tests.celery_app worker named ``name``.
+
+    ``kw`` goes to :func:`start_worker` (``extra=["-Q", ...]`` and the like).
+    """
+
+    @pytest.fixture(scope="module")
+    def worker(redis_base: str, capp: ModuleType) -> Iterator[Worker]:
+        w = start_worker(redis_base, name, warm=capp, **kw)
+        yield w
+        w.stop()
+
+    return worker
+
+
 def warm_up(capp: Any, concurrency: int, queue: Optional[str] = None) -> None:
     """Run locked tasks, and skip some, on every pool process first (imports, connections,
     script loads), so the first test's timings measure the library, not a cold start."""
@@ -54,78 +80,109 @@ def warm_up(capp: Any, concurrency: int, queue: Optional[str] = None) -> None:
         r.get(timeout=30, propagate=False)
 
 
+def base_of(redis_url: str) -> str:
+    """``redis://host:port`` of a ``redis://host:port/0`` URL."""
+    return redis_url.rsplit("/", 1)[0]
+
+
+@contextlib.contextmanager
+def limits_workers(
+    redis_url: str,
+    names: Iterable[str],
+    concurrency: int = 4,
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
+) -> Iterator[list[Worker]]:
+    """Start ``celery -A tests.limits_app worker`` subprocesses; stop them on exit."""
+    base = base_of(redis_url)
+    started = [
+        Worker(
+            base,
+            app="tests.limits_app",
+            name=f"{name}-{os.getpid()}",
+            concurrency=concurrency,
+            env=env,
+            extra=extra,
+        )
+        for name in names
+    ]
+    try:
+        for w in started:
+            w.wait_ready()
+        yield started
+    finally:
+        stop_all(started)
+
+
+def stop_all(workers: Iterable[Worker]) -> None:
+    """Stop workers in parallel: a warm shutdown takes a while each."""
+    workers = list(workers)
+    for w in workers:
+        if w.proc.poll() is None:
+            w.proc.terminate()
+    for w in workers:
+        w.stop()
+
+
+def limits_app(redis_url: str) -> Any:
+    """tests.limits_app's app in this process, pointed at the test's redis-server."""
+    from tests import limits_app as module
+
+    base = base_of(redis_url)
+    app = module.app
+    if app.conf.broker_url != f"{base}/1":
+        app.conf.update(
+            broker_url=f"{base}/1", result_backend=f"{base}/2", redislock_url=f"{base}/0"
+        )
+        config.reset(app)
+    return app
+
+
+def flush_state(redis_url: str) -> None:
+    """Forget every lock (db 0) and recording (db 3); the broker (db 1) keeps its bindings."""
+    base = base_of(redis_url)
+    for db in (0, 3):
+        client = redis.Redis.from_url(f"{base}/{db}")
+        client.flushdb()
+        client.close()
+
+
+# -- recordings ------------------------------------------------------------------
+
+
 def uniq(prefix: str = "t") -> str:
+    """A tag or job key of this test alone."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def runs(rec: redis.Redis, tag: str) -> list[dict[str, Any]]:
-    """What the bodies recorded under ``tag``, in recording order."""
-    return [json.loads(x) for x in rec.lrange(f"runs:{tag}", 0, -1)]
 
 
 def listed(rec: redis.Redis, key: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in rec.lrange(key, 0, -1)]
 
 
-def wait_until(
-    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = ""
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+def runs(rec: redis.Redis, tag: str) -> list[dict[str, Any]]:
+    """What the bodies recorded under ``tag``, in the order they ended."""
+    return listed(rec, f"runs:{tag}")
+
+
+def wait_runs(
+    rec: redis.Redis, tag: str, n: int, timeout: float, key: str = "runs"
+) -> list[dict[str, Any]]:
+    """Poll until ``n`` runs of ``tag`` are recorded; fail with what was seen."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
+    while rec.llen(f"{key}:{tag}") < n:
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
+            seen = listed(rec, f"{key}:{tag}")
+            raise AssertionError(f"{len(seen)} of {n} {key} of {tag} after {timeout} s: {seen}")
+        time.sleep(0.01)
+    return listed(rec, f"{key}:{tag}")
 
 
 def wait_started(rec: redis.Redis, tag: str, count: int = 1, timeout: float = 10.0) -> list[Any]:
     """Wait until ``count`` bodies recorded under ``tag`` have started."""
-    return wait_until(
-        lambda: (
-            [json.loads(x) for x in rec.lrange(f"started:{tag}", 0, -1)]
-            if rec.llen(f"started:{tag}") >= count
-            else None
-        ),
-        timeout,
-        what=f"{count} start(s) of {tag}",
-    )
+    return wait_runs(rec, tag, count, timeout, key="started")
 
 
 def lock_key(task: Any, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None) -> str:
     """The Redis key of the lock that ``task`` takes for these arguments."""
     name = task.lock_name_for(args, kwargs or {})
     return keys.lock_keys(config.settings_for(task.app).key_prefix, name).lock
-
-
-def assert_no_overlap(records: list[dict[str, Any]]) -> None:
-    """No two recorded bodies ran at the same time (intervals on CLOCK_MONOTONIC)."""
-    ordered = sorted(records, key=lambda r: r["start"])
-    for before, after in zip(ordered, ordered[1:]):
-        assert after["start"] >= before["end"], (
-            f"bodies overlap: {before['id']} ran {before['start']:.3f}..{before['end']:.3f}, "
-            f"{after['id']} started at {after['start']:.3f}"
-        )
-
-
-def peak_concurrency(records: list[dict[str, Any]]) -> int:
-    """The largest number of recorded bodies running at one instant."""
-    events = sorted(
-        [(r["start"], 1) for r in records] + [(r["end"], -1) for r in records],
-        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
-    )
-    peak = current = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
-
-
-def report(name: str, **values: Any) -> None:
-    """Append a measurement to $REDISLOCK_MEASUREMENTS (JSON lines), if set."""
-    path = os.environ.get("REDISLOCK_MEASUREMENTS")
-    if path:
-        with Path(path).open("a") as f:
-            f.write(json.dumps({"name": name, **values}) + "\n")

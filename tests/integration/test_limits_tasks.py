@@ -19,18 +19,13 @@ import redis
 from celery import Celery
 
 from celery_redislock import ConfigurationError, LockContended, LockedTask, TaskSkipped
-from tests.limits_support import (
-    base_of,
+from tests.helpers import intervals, overlapping, peak_overlap, report, utilisation
+from tests.integration.task_helpers import (
     flush_state,
-    intervals,
     limits_app,
     limits_workers,
-    new_tag,
-    overlapping,
-    peak_overlap,
-    report,
     runs,
-    utilisation,
+    uniq,
     wait_runs,
 )
 from tests.workers import Worker
@@ -44,19 +39,12 @@ def app(redis_url: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def rec(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(f"{base_of(redis_url)}/3")
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def workers(redis_url: str, app: Any) -> Iterator[list[Worker]]:
     """Two prefork workers of four processes each, every process warmed up."""
     flush_state(redis_url)
     with limits_workers(redis_url, ["limits-a", "limits-b"]) as started:
         # Imports, connections and script loads happen here, not in a measurement.
-        tag = new_tag("warm")
+        tag = uniq("warm")
         results = [app.signature("l.sem2_retry", (tag, 0.05, i)).apply_async() for i in range(16)]
         for result in results:
             result.get(timeout=30)
@@ -83,7 +71,7 @@ def by_seq(records: list[dict[str, Any]]) -> Counter[int]:
 def test_semaphore_of_3_on_two_workers_peaks_at_3_and_stays_busy(
     app: Any, rec: redis.Redis, workers: list[Worker]
 ) -> None:
-    tag = new_tag("sem3")
+    tag = uniq("sem3")
     results = [submit(app, "l.sem3", tag, 0.2, i) for i in range(30)]
     settle(results)
     records = wait_runs(rec, tag, 30, 5)
@@ -103,7 +91,7 @@ def test_semaphore_of_3_on_two_workers_peaks_at_3_and_stays_busy(
 def test_semaphore_per_key_limits_each_customer_while_customers_run_in_parallel(
     app: Any, rec: redis.Redis, workers: list[Worker], name: str
 ) -> None:
-    tag = new_tag("customer")
+    tag = uniq("customer")
     customers = ["acme", "globex", "initech"]
     results = [submit(app, name, customers[i % 3], tag, 0.3, i) for i in range(18)]
     settle(results)
@@ -122,7 +110,7 @@ def test_semaphore_per_key_limits_each_customer_while_customers_run_in_parallel(
 def test_concurrency_group_is_shared_by_two_different_tasks(
     app: Any, rec: redis.Redis, workers: list[Worker]
 ) -> None:
-    tag = new_tag("group")
+    tag = uniq("group")
     results = [submit(app, "l.pay_a" if i % 2 else "l.pay_b", tag, 0.2, i) for i in range(16)]
     settle(results)
     records = wait_runs(rec, tag, 16, 10)  # pay_b parks: its results are not the runs
@@ -173,7 +161,7 @@ def test_unknown_concurrency_group_fails_at_definition_naming_task_and_group() -
 def test_reader_tasks_overlap_and_writer_tasks_are_exclusive(
     app: Any, rec: redis.Redis, workers: list[Worker]
 ) -> None:
-    tag = new_tag("rw")
+    tag = uniq("rw")
     plan = "rrrwrrrwrwrrr"
     results = [
         submit(app, "l.read" if mode == "r" else "l.write", tag, 0.2, i)
@@ -200,7 +188,7 @@ def test_reader_tasks_overlap_and_writer_tasks_are_exclusive(
 def test_semaphore_contention_policy_ends_the_extra_runs_at_once(
     app: Any, rec: redis.Redis, workers: list[Worker], policy: str, error: type
 ) -> None:
-    tag = new_tag(policy)
+    tag = uniq(policy)
     started = time.monotonic()
     results = [submit(app, f"l.sem2_{policy}", tag, 0.8, i) for i in range(6)]
     ended: dict[int, float] = {}
@@ -228,7 +216,7 @@ def test_semaphore_contention_policy_ends_the_extra_runs_at_once(
 def test_semaphore_with_retry_or_park_runs_everything_within_the_limit(
     app: Any, rec: redis.Redis, workers: list[Worker], name: str, limit: int
 ) -> None:
-    tag = new_tag(name)
+    tag = uniq(name)
     for i in range(12):
         submit(app, name, tag, 0.15, i)
     records = wait_runs(rec, tag, 12, 15)
@@ -245,7 +233,7 @@ def test_semaphore_with_retry_or_park_runs_everything_within_the_limit(
 def test_permit_of_a_task_whose_process_is_killed_is_freed_by_the_worker(
     app: Any, rec: redis.Redis, workers: list[Worker]
 ) -> None:
-    tag = new_tag("killed")
+    tag = uniq("killed")
     submit(app, "l.sem1_hang", tag, 30.0, 0)
     hang = wait_runs(rec, tag, 1, 10, key="started")[0]
     submit(app, "l.sem1", tag, 0.1, 1)

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import signal
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +38,20 @@ from celery_redislock import (
 from celery_redislock._common import GRACE_MS
 from celery_redislock.locks import reap
 from tests.helpers import (
+    Attempt,
     Command,
     RoundTrips,
     TcpProxy,
     blocked_clients,
     counting_client,
+    fork_context,
+    forking,
     keys_of,
+    kill_now,
+    outputs,
+    race,
+    running,
+    sha,
     wait_until,
 )
 from tests.redis_server import RedisServer, free_port
@@ -53,19 +59,10 @@ from tests.redis_server import RedisServer, free_port
 RENEWAL_THREAD = "redislock-keeper"
 RENEWER_THREAD = "redislock-renew"
 
+pytestmark = pytest.mark.usefixtures("no_leaked_leases")
+
 
 # -- fixtures and helpers ------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_leases() -> Iterator[None]:
-    """Every test must leave this process's keeper with nothing to renew."""
-    yield
-    k = renewal.keeper()
-    leftover = k.held()
-    for lease in leftover:
-        k.discard(lease)
-    assert leftover == [], "the test left leases in the keeper"
 
 
 @pytest.fixture
@@ -87,24 +84,6 @@ def private_redis() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
     server.stop()
-
-
-@contextlib.contextmanager
-def forking() -> Iterator[None]:
-    # Python 3.12+ warns about fork() in a process with threads (the keeper's);
-    # the child here only runs code that is fork-safe by design (see renewal.py).
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*fork.*", DeprecationWarning)
-        yield
-
-
-def fork_context() -> Any:
-    return multiprocessing.get_context("fork")
-
-
-def sha(name: str) -> bytes:
-    value = scripts.get(name).sha
-    return value if isinstance(value, bytes) else value.encode()
 
 
 def is_script(command: Command, name: str) -> bool:
@@ -166,32 +145,11 @@ def _hammer(url: str, name: str, go: Any, out: str) -> None:
 def test_no_two_holders_overlap_across_50_processes(
     redis_url: str, r: redis.Redis, tmp_path: Path
 ) -> None:
-    ctx = fork_context()
-    go = ctx.Event()
-    procs = [
-        ctx.Process(target=_hammer, args=(redis_url, "hammer", go, str(tmp_path / f"{i}.json")))
-        for i in range(HAMMER_PROCESSES)
-    ]
-    try:
-        with forking():
-            for p in procs:
-                p.start()
-        go.set()
-        for p in procs:
-            p.join(60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * HAMMER_PROCESSES
+    exitcodes = race(_hammer, [(redis_url, "hammer")] * HAMMER_PROCESSES, tmp_path)
+    assert exitcodes == [0] * HAMMER_PROCESSES
 
     records = sorted(
-        (
-            rec
-            for i in range(HAMMER_PROCESSES)
-            for rec in json.loads((tmp_path / f"{i}.json").read_text())
-        ),
+        (rec for recs in outputs(tmp_path, HAMMER_PROCESSES) for rec in recs),
         key=lambda rec: rec[1],
     )
     assert len(records) == HAMMER_PROCESSES * HAMMER_CYCLES
@@ -224,36 +182,22 @@ def test_crashed_holder_costs_at_most_its_lease(redis_url: str, r: redis.Redis) 
     ctx = fork_context()
     parent_end, child_end = ctx.Pipe()
     holder = ctx.Process(target=_hold_until_killed, args=(redis_url, "crash", ttl, child_end))
-    with forking():
-        holder.start()
     waiter = Lock(r, "crash", ttl=5.0)
-    granted: dict[str, Any] = {}
-
-    def wait() -> None:
-        granted["ok"] = waiter.acquire(timeout=5)
-        granted["at"] = time.monotonic()
-
-    thread = threading.Thread(target=wait)
-    try:
+    granted = Attempt(waiter, timeout=5)
+    with running([holder]):
         assert parent_end.poll(10)
         _, holder_fence = parent_end.recv()
-        thread.start()
+        granted.start()
         wait_until(lambda: blocked_clients(r) == 1, 2, what="the waiter to block")
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.join(5)
-        killed_at = time.monotonic()
+        killed_at = kill_now(holder)
         pttl = r.pttl(waiter.key)
-        thread.join(5)
-    finally:
-        if holder.is_alive():
-            holder.kill()
-            holder.join()
+        granted.join(5)
     expires_at = killed_at + pttl / 1000
     assert pttl > 500  # the dead holder's lease was still running
-    assert granted["ok"] is True
+    assert granted.ok is True
     # Not while the dead holder's lease was valid, and soon after it ran out.
-    assert granted["at"] >= expires_at - 0.02
-    assert granted["at"] - killed_at <= ttl + 0.5
+    assert granted.at >= expires_at - 0.02
+    assert granted.at - killed_at <= ttl + 0.5
     assert waiter.fence == holder_fence + 1
     assert r.get(waiter.key) == waiter.token.encode()  # type: ignore[union-attr]
     waiter.release()
@@ -409,9 +353,7 @@ def test_waiter_in_another_process_gets_the_lock_within_50ms_of_release(
     ctx = fork_context()
     parent_end, child_end = ctx.Pipe()
     proc = ctx.Process(target=_wait_and_report, args=(redis_url, "wakeup", child_end))
-    with forking():
-        proc.start()
-    try:
+    with running([proc]):
         wait_until(lambda: blocked_clients(r) == 1, 5, what="the waiter to block")
         assert r.zrange(holder.keys.queue, 0, -1)[0].startswith(b"proc-waiter-")
         released_at = time.monotonic()
@@ -419,10 +361,6 @@ def test_waiter_in_another_process_gets_the_lock_within_50ms_of_release(
         assert parent_end.poll(5)
         ok, granted_at, waiter_fence = parent_end.recv()
         proc.join(5)
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
     assert proc.exitcode == 0
     assert ok is True
     assert 0 <= granted_at - released_at < 0.05

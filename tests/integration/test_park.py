@@ -19,18 +19,15 @@ import pytest
 import redis
 
 from celery_redislock import config, keys, park
-from tests.helpers import wait_until
-from tests.limits_support import (
+from tests.helpers import intervals, peak_overlap, report, wait_until
+from tests.integration.task_helpers import (
     base_of,
     flush_state,
-    intervals,
     limits_app,
     limits_workers,
-    new_tag,
-    peak_overlap,
-    report,
     runs,
     stop_all,
+    uniq,
     wait_runs,
 )
 from tests.workers import Worker
@@ -50,27 +47,13 @@ def app(redis_url: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def rec(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(f"{base_of(redis_url)}/3")
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def locks(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def workers(redis_url: str, app: Any, rec: redis.Redis) -> Iterator[list[Worker]]:
     """Two prefork workers of four processes each, every process warmed up."""
     flush_state(redis_url)
     env = {"REDISLOCK_TEST_PARK_RESERVE": str(RESERVE)}
     with limits_workers(redis_url, ["park-a", "park-b"], env=env) as started:
         # Imports, connections and script loads happen here, not in a measurement.
-        tag = new_tag("warm")
+        tag = uniq("warm")
         for i in range(16):
             submit(app, "l.park", f"warm-{i}", tag, 0.02, i)
         wait_runs(rec, tag, 16, 30)
@@ -100,7 +83,7 @@ BODY = 0.2
 def test_same_key_tasks_drain_at_serial_speed_in_submission_order(
     app: Any, rec: redis.Redis, locks: redis.Redis, workers: list[Worker]
 ) -> None:
-    tag = new_tag("drain")
+    tag = uniq("drain")
     k = lock_keys_of(app, "l.park", "drain", tag, BODY, 0)
     submitted = time.monotonic()
     results = [submit(app, "l.park", "drain", tag, BODY, 0)]
@@ -139,7 +122,7 @@ def test_same_key_tasks_drain_at_serial_speed_in_submission_order(
 def test_parked_task_keeps_its_id_args_options_and_callbacks(
     app: Any, rec: redis.Redis, locks: redis.Redis, workers: list[Worker]
 ) -> None:
-    tag = new_tag("keep")
+    tag = uniq("keep")
     k = lock_keys_of(app, "l.park_probe", "keep", tag, 0.6)
     submit(app, "l.park_probe", "keep", tag, 0.6)
     wait_until(lambda: locks.exists(k.lock), 5, 0.002, "the holder to take the lock")
@@ -189,7 +172,7 @@ def _holder_and_run(
 def test_duplicate_deliveries_of_a_parked_message_run_it_once(
     app: Any, rec: redis.Redis, locks: redis.Redis, workers: list[Worker]
 ) -> None:
-    tag = new_tag("dup")
+    tag = uniq("dup")
     k = lock_keys_of(app, "l.park", "dup", tag, 0.8, 0)
     submit(app, "l.park", "dup", tag, 0.8, 0)
     wait_until(lambda: locks.exists(k.lock), 5, 0.002, "the holder to take the lock")
@@ -265,9 +248,9 @@ def crash_run(redis_url: str, app: Any, rec: redis.Redis) -> dict[str, Any]:
     try:
         faulty.wait_ready()
         recoverer.wait_ready()
-        warm = new_tag("warm")
+        warm = uniq("warm")
         submit(app, "l.park", "warm", warm, 0.01, 0, queue="park-warm").get(timeout=20)
-        tag = new_tag("crash")
+        tag = uniq("crash")
         k = lock_keys_of(app, "l.park", "crash", tag, BODY, 0)
         locks = redis.Redis.from_url(redis_url)
         submit(app, "l.park", "crash", tag, CRASH_FIRST, 0, queue="park-crash")

@@ -7,41 +7,34 @@ assertions are about those measured intervals.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from celery_redislock import ReadWriteLock, renewal, scripts
-from tests.helpers import blocked_clients, counting_client, wait_until
-from tests.limits_support import fork_context, forking, overlapping, peak_overlap, report
+from celery_redislock import ReadWriteLock
+from tests.helpers import (
+    Attempt,
+    blocked_clients,
+    counting_client,
+    fork_context,
+    kill_now,
+    outputs,
+    overlapping,
+    peak_overlap,
+    race,
+    report,
+    running,
+    server_ms,
+    sha,
+    wait_until,
+)
 
-
-@pytest.fixture(autouse=True)
-def no_leaked_leases() -> Iterator[None]:
-    yield
-    k = renewal.keeper()
-    leftover = k.held()
-    for lease in leftover:
-        k.discard(lease)
-    assert leftover == [], "the test left leases in the keeper"
-
-
-def sha(name: str) -> bytes:
-    value = scripts.get(name).sha
-    return value if isinstance(value, bytes) else value.encode()
-
-
-def server_ms(r: redis.Redis) -> int:
-    seconds, micros = r.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+pytestmark = pytest.mark.usefixtures("no_leaked_leases")
 
 
 # -- round trips -----------------------------------------------------------------------
@@ -130,19 +123,11 @@ def test_readers_in_several_processes_hold_together(redis_url: str, r: redis.Red
     go = ctx.Event()
     pipes = [ctx.Pipe() for _ in range(4)]
     procs = [ctx.Process(target=_reader, args=(redis_url, go, child)) for _, child in pipes]
-    try:
-        with forking():
-            for p in procs:
-                p.start()
+    with running(procs):
         go.set()
         got = [parent.recv() for parent, _ in pipes if parent.poll(10)]
         for p in procs:
             p.join(5)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
     assert len(got) == 4
     assert peak_overlap((s, e) for s, e, _ in got) == 4
     assert sorted(f for _, _, f in got) == [1, 2, 3, 4]
@@ -175,30 +160,9 @@ def _mixed(url: str, seed: int, go: Any, out: str) -> None:
 def test_a_writer_excludes_readers_and_writers_across_processes(
     redis_url: str, r: redis.Redis, tmp_path: Path
 ) -> None:
-    ctx = fork_context()
-    go = ctx.Event()
-    procs = [
-        ctx.Process(target=_mixed, args=(redis_url, i, go, str(tmp_path / f"{i}.json")))
-        for i in range(MIXED_PROCESSES)
-    ]
-    try:
-        with forking():
-            for p in procs:
-                p.start()
-        go.set()
-        for p in procs:
-            p.join(60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * MIXED_PROCESSES
-    records = [
-        rec
-        for i in range(MIXED_PROCESSES)
-        for rec in json.loads((tmp_path / f"{i}.json").read_text())
-    ]
+    exitcodes = race(_mixed, [(redis_url, i) for i in range(MIXED_PROCESSES)], tmp_path)
+    assert exitcodes == [0] * MIXED_PROCESSES
+    records = [rec for recs in outputs(tmp_path, MIXED_PROCESSES) for rec in recs]
     writes = [(s, e) for _, s, e, mode, _ in records if mode == "w"]
     reads = [(s, e) for _, s, e, mode, _ in records if mode == "r"]
     assert len(writes) >= 5 and len(reads) >= 20
@@ -316,36 +280,22 @@ def test_a_killed_reader_blocks_writers_for_at_most_its_lease(
     ctx = fork_context()
     parent_end, child_end = ctx.Pipe()
     proc = ctx.Process(target=_read_until_killed, args=(redis_url, ttl, child_end))
-    with forking():
-        proc.start()
     rw = ReadWriteLock(r, "crash", ttl=10.0)
     writer = rw.write()
-    granted: dict[str, Any] = {}
-
-    def wait() -> None:
-        granted["ok"] = writer.acquire(timeout=5)
-        granted["at"] = time.monotonic()
-
-    thread = threading.Thread(target=wait)
-    try:
+    granted = Attempt(writer, timeout=5)
+    with running([proc]):
         assert parent_end.poll(10)
         token, reader_fence = parent_end.recv()
-        thread.start()
+        granted.start()
         wait_until(lambda: blocked_clients(r) == 1, 2, what="the writer to block")
         time.sleep(ttl)  # the reader's keeper renews it past its first lease
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(5)
-        killed_at = time.monotonic()
+        killed_at = kill_now(proc)
         left_ms = int(float(r.zscore(rw.keys.holders, token))) - server_ms(r)  # type: ignore[arg-type]
-        thread.join(5)
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        granted.join(5)
     assert left_ms > 300
-    assert granted["ok"] is True
-    assert granted["at"] >= killed_at + left_ms / 1000 - 0.02
-    assert granted["at"] - killed_at <= ttl + 0.3
+    assert granted.ok is True
+    assert granted.at >= killed_at + left_ms / 1000 - 0.02
+    assert granted.at - killed_at <= ttl + 0.3
     assert writer.fence == reader_fence + 1  # type: ignore[operator]
     assert rw.write_locked() and rw.holders() == 1
     writer.release()

@@ -9,7 +9,8 @@ import time
 import pytest
 import redis
 
-from tests.integration.task_helpers import assert_no_overlap, runs, uniq
+from tests.helpers import assert_no_overlap
+from tests.integration.task_helpers import runs, uniq
 from tests.workers import Worker
 
 

@@ -18,26 +18,21 @@ from celery import Celery, chain, chord, group
 
 from celery_redislock import LockContended, LockedTask, TaskSkipped
 from celery_redislock.locks import Lock
+from tests.helpers import assert_no_overlap, wait_until
 from tests.integration.task_helpers import (
-    assert_no_overlap,
     listed,
     lock_key,
     runs,
-    start_worker,
     uniq,
     wait_started,
-    wait_until,
+    worker_fixture,
 )
 from tests.workers import Worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def worker(redis_base: str, capp: ModuleType) -> Iterator[Worker]:
-    w = start_worker(redis_base, "dispatch", warm=capp, extra=["-Q", "celery,alt"])
-    yield w
-    w.stop()
+worker = worker_fixture("dispatch", extra=["-Q", "celery,alt"])
 
 
 def blocker(locks: redis.Redis, task: Any, args: tuple[Any, ...], owner: str) -> Lock:

@@ -20,14 +20,15 @@ from celery import Celery
 from celery.exceptions import TaskRevokedError
 
 from celery_redislock import BackendUnavailable, LockedTask
+from tests.helpers import report
 from tests.integration.task_helpers import (
     listed,
     lock_key,
-    report,
     runs,
     start_worker,
     uniq,
     wait_started,
+    worker_fixture,
 )
 from tests.redis_server import free_port
 from tests.workers import Worker
@@ -35,11 +36,7 @@ from tests.workers import Worker
 pytestmark = [pytest.mark.worker, pytest.mark.fault, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def worker(redis_base: str, capp: ModuleType) -> Iterator[Worker]:
-    w = start_worker(redis_base, "faults", warm=capp)
-    yield w
-    w.stop()
+worker = worker_fixture("faults")
 
 
 def time_to_free(locks: redis.Redis, key: str, since: float, limit: float) -> float:

@@ -8,7 +8,6 @@ callables and non-JSON-native values (UUID, datetime, Decimal) work.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from decimal import Decimal
 from types import ModuleType
@@ -18,27 +17,20 @@ import pytest
 import redis
 
 from celery_redislock import TaskSkipped
+from tests.helpers import assert_no_overlap, intervals, peak_overlap, report, wait_until
 from tests.integration.task_helpers import (
-    assert_no_overlap,
     lock_key,
-    peak_concurrency,
-    report,
     runs,
-    start_worker,
     uniq,
     wait_started,
-    wait_until,
+    worker_fixture,
 )
 from tests.workers import Worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def worker(redis_base: str, capp: ModuleType) -> Iterator[Worker]:
-    w = start_worker(redis_base, "keys", warm=capp)
-    yield w
-    w.stop()
+worker = worker_fixture("keys")
 
 
 def held_then_contended(
@@ -77,7 +69,7 @@ def test_distinct_keys_run_in_parallel_and_one_key_never_overlaps(
         same = [r for r in ran if r["job"] == job]
         assert len(same) == 3
         assert_no_overlap(same)
-    peak = peak_concurrency(ran)
+    peak = peak_overlap(intervals(ran))
     assert peak >= 2, peak
     report("distinct_keys", tasks=12, keys=4, concurrency=4, peak=peak)
 

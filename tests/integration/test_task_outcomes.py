@@ -9,7 +9,6 @@ the tracer is done with the run), and the test checks the key again itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -18,24 +17,20 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_redislock import config, keys
+from tests.helpers import wait_until
 from tests.integration.task_helpers import (
     listed,
     lock_key,
     runs,
-    start_worker,
     uniq,
-    wait_until,
+    worker_fixture,
 )
 from tests.workers import Worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def worker(redis_base: str, capp: ModuleType) -> Iterator[Worker]:
-    w = start_worker(redis_base, "outcomes", warm=capp)
-    yield w
-    w.stop()
+worker = worker_fixture("outcomes")
 
 
 def postruns(rec: redis.Redis, task_id: str, count: int = 1) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ that do not count against Celery's own ``max_retries``, ``wait`` without any.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from types import ModuleType
 from typing import Any
@@ -18,16 +17,14 @@ import pytest
 import redis
 
 from celery_redislock import Lock, LockContended, TaskSkipped
+from tests.helpers import assert_no_overlap, report, wait_until
 from tests.integration.task_helpers import (
-    assert_no_overlap,
     listed,
     lock_key,
-    report,
     runs,
-    start_worker,
     uniq,
     wait_started,
-    wait_until,
+    worker_fixture,
 )
 from tests.workers import Worker
 
@@ -44,11 +41,7 @@ DURATION = 0.3
 SKIP_DURATION = 1.0
 
 
-@pytest.fixture(scope="module")
-def worker(redis_base: str, capp: ModuleType) -> Iterator[Worker]:
-    w = start_worker(redis_base, "policies", warm=capp, extra=["--prefetch-multiplier", "10"])
-    yield w
-    w.stop()
+worker = worker_fixture("policies", extra=["--prefetch-multiplier", "10"])
 
 
 def collect(results: list[Any], timeout: float = 60.0) -> tuple[list[Any], list[BaseException]]:

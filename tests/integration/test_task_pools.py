@@ -15,16 +15,8 @@ import redis
 from _pytest.fixtures import SubRequest
 
 from celery_redislock import TaskSkipped
-from tests.integration.task_helpers import (
-    assert_no_overlap,
-    lock_key,
-    peak_concurrency,
-    report,
-    runs,
-    start_worker,
-    uniq,
-    wait_started,
-)
+from tests.helpers import assert_no_overlap, intervals, peak_overlap, report
+from tests.integration.task_helpers import lock_key, runs, start_worker, uniq, wait_started
 from tests.workers import Worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
@@ -71,7 +63,7 @@ def test_same_key_serialises_distinct_keys_overlap(
     assert fences == sorted(set(fences))
     assert all(r["fence"] == r["hold_fence"] for r in ran)
     assert all(r["retries"] == 0 for r in ran)
-    peak = peak_concurrency(ran)
+    peak = peak_overlap(intervals(ran))
     if pool == "solo":
         assert peak == 1
     else:
