@@ -135,6 +135,7 @@ class Keeper:
         self._renewers: dict[int, _ClientRenewer] = {}
         self._thread: threading.Thread | None = None
         self._sleeping_until = 0.0  # monotonic time the keeper thread wakes by itself
+        self._idle_wait = 1.0  # the last renewal interval seen
         #: Round trips made by renewals, for tests and stats.
         self.round_trips = 0
 
@@ -144,6 +145,7 @@ class Keeper:
             return
         entry = _Entry(lease, token)
         with self._cond:
+            self._idle_wait = lease.renew_interval
             self._held[id(lease)] = entry
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -171,8 +173,12 @@ class Keeper:
         while True:
             with self._cond:
                 while not self._held:
-                    self._sleeping_until = float("inf")
-                    self._cond.wait()
+                    # Idle: sleep one renewal interval at a time rather than
+                    # until notified, so that a short hold taken and released
+                    # within it costs no thread wake-up at all (see add()).
+                    idle = self._idle_wait
+                    self._sleeping_until = time.monotonic() + idle
+                    self._cond.wait(idle)
                 self._sleeping_until = 0.0
                 now = time.monotonic()
                 expired = [e for e in self._held.values() if now - e.last_ok >= e.lease.ttl]
