@@ -62,6 +62,9 @@ end
 local function serve(Q, now, self, can, grant, out)
   local self_fence = nil
   while true do
+    -- can(nil): could anyone at all be granted now?  (A mutex just granted
+    -- cannot; this saves looking at the next head.)
+    if not can(nil) then break end
     local head = redis.call('ZRANGE', Q.queue, 0, 0)[1]
     if not head then break end
     local m = redis.call('HGET', Q.meta, head)
@@ -136,8 +139,9 @@ local function reply(status, n, holder, now, out)
 end
 
 -- can() and grant() for serve() on a mutex: one grant while it is free.
+-- Call it only when the lock is free (every caller has just checked or DELed).
 local function mutex_rules(lock)
-  local free = not redis.call('GET', lock)
+  local free = true
   local function can(mode) return free end
   local function grant(t, lease, mode, f)
     redis.call('SET', lock, t, 'PX', lease)
@@ -175,7 +179,9 @@ end
 -- writer holds, 'x' only when nobody holds.
 local function multi_rules(Q, now, limit)
   local function can(mode)
-    if mode == 's' then
+    if mode == nil then
+      return true  -- depends on the mode of the head; asked again per head
+    elseif mode == 's' then
       return redis.call('ZCARD', Q.holders) < limit
     elseif mode == 'r' then
       return not redis.call('HGET', Q.info, '!writer')
