@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import multiprocessing
 import os
 import platform
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
+from common import command_name, log, p99, split, time_cycles
 from redis.connection import Connection
 
 #: The lease of every lock, in seconds, for every library.
@@ -77,15 +77,6 @@ class CountingConnection(Connection):
         if log is not None:
             log.append(command_name(command))
         super().send_packed_command(command, check_health)
-
-
-def command_name(packed: Any) -> str:
-    """``EVALSHA`` from ``*6\\r\\n$7\\r\\nEVALSHA\\r\\n...`` (the first command of a write)."""
-    head = packed if isinstance(packed, (bytes, str)) else packed[0]
-    if isinstance(head, str):
-        head = head.encode()
-    parts = bytes(head).split(b"\r\n", 3)
-    return parts[2].decode().upper() if len(parts) > 2 else "?"
 
 
 def make_client(port: int) -> redis.Redis:
@@ -216,16 +207,6 @@ def prepare(client: redis.Redis, c: Contender) -> Result:
     return Result(c, lock, len(sent) / COUNTED_CYCLES, commands)
 
 
-def time_cycles(lock: Any, cycles: int) -> list[float]:
-    times = []
-    for _ in range(cycles):
-        t0 = now()
-        lock.acquire()
-        lock.release()
-        times.append(now() - t0)
-    return times
-
-
 # -- handoffs between two processes -------------------------------------------------------
 
 
@@ -326,12 +307,6 @@ def run_handoffs(
 # -- report ------------------------------------------------------------------------------
 
 
-def p99(values: list[float]) -> float:
-    """Nearest-rank 99th percentile (with fewer than 100 samples: the largest)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
-
-
 def ms(seconds: Optional[float], digits: int = 3) -> str:
     if seconds is None:
         return "-"
@@ -381,10 +356,6 @@ def details(results: list[Result]) -> str:
 # -- main ---------------------------------------------------------------------------------
 
 
-def split(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
 def start_server() -> Any:
     root = Path(__file__).resolve().parent.parent
     if str(root) not in sys.path:
@@ -392,10 +363,6 @@ def start_server() -> Any:
     from tests.redis_server import RedisServer
 
     return RedisServer().start()
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -71,6 +70,7 @@ from redis.connection import Connection
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "bench")) if p not in sys.path]
 
+from common import command_name, log, p99, split, time_cycles  # noqa: E402
 from ria_semaphore import RiASemaphore  # noqa: E402
 
 #: Lease of every semaphore, in seconds (ours renews it, RiA's prunes by it).
@@ -93,10 +93,6 @@ RACE_HOLD = 0.001
 now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 # -- round trips --------------------------------------------------------------
 
 
@@ -111,10 +107,7 @@ class CountingConnection(Connection):
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         CountingConnection.sends += 1
         if CountingConnection.names is not None:
-            head = command if isinstance(command, (bytes, str)) else command[0]
-            head = head.encode() if isinstance(head, str) else bytes(head)
-            parts = head.split(b"\r\n", 3)
-            CountingConnection.names.append(parts[2].decode().upper() if len(parts) > 2 else "?")
+            CountingConnection.names.append(command_name(command))
         super().send_packed_command(command, check_health)
 
 
@@ -276,16 +269,6 @@ def ping_floor(client: redis.Redis, n: int) -> tuple[float, float]:
         client.ping()
         idle.append(now() - t0)
     return statistics.median(tight), statistics.median(idle)
-
-
-def time_cycles(sem: Any, cycles: int) -> list[float]:
-    times = []
-    for _ in range(cycles):
-        t0 = now()
-        sem.acquire()
-        sem.release()
-        times.append(now() - t0)
-    return times
 
 
 # -- 1b. handoffs between two processes ------------------------------------------
@@ -474,12 +457,6 @@ def run_race(port: int, v: Variant, blocking: bool, label: str, seconds: float) 
 # -- report helpers -----------------------------------------------------------------
 
 
-def p99(values: list[float]) -> float:
-    """Nearest-rank 99th percentile (with fewer than 100 samples: the largest)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
-
-
 def ms(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
@@ -498,10 +475,6 @@ def table(header: str, rows: list[list[str]]) -> str:
 
 def ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base else "-"
-
-
-def split(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 def cycles_report(client: redis.Redis, cycles: int) -> None:

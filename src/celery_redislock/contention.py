@@ -21,21 +21,27 @@ __all__ = ["contended", "parked", "retry_later"]
 logger = logging.getLogger("celery_redislock")
 
 
-def contended(task: Any, request: Any, prim: Primitive, policy: str) -> None:
-    """The lock is held by someone else; apply ``policy`` (never returns)."""
+def _announce(task: Any, request: Any, prim: Primitive, policy: str) -> Optional[str]:
+    """Send ``lock_contended`` for this run; returns the holder's task id."""
     holder = holder_task_id(prim.holder)
-    ttl_ms = prim.holder_ttl_ms
-    if policy == "wait":  # the wait timed out
-        policy = "fail" if request.is_eager else task.lock_option("lock_wait_fallback")
     signals.lock_contended.send(
         sender=task,
         request=request,
         key=prim.key,
         name=prim.name,
         holder=holder,
-        ttl_ms=ttl_ms,
+        ttl_ms=prim.holder_ttl_ms,
         policy=policy,
     )
+    return holder
+
+
+def contended(task: Any, request: Any, prim: Primitive, policy: str) -> None:
+    """The lock is held by someone else; apply ``policy`` (never returns)."""
+    ttl_ms = prim.holder_ttl_ms
+    if policy == "wait":  # the wait timed out
+        policy = "fail" if request.is_eager else task.lock_option("lock_wait_fallback")
+    holder = _announce(task, request, prim, policy)
     what = f"{prim.kind} {prim.name!r} is held by task {holder} for another {ttl_ms} ms"
     if policy == "skip":
         skip(task, request, prim, holder, ttl_ms)
@@ -105,17 +111,8 @@ def retry_later(task: Any, request: Any, reason: Exception) -> None:
 
 def parked(task: Any, request: Any, prim: Primitive, kind: Optional[str]) -> None:
     """This run's message now waits in the primitive's queue (never returns)."""
-    holder = holder_task_id(prim.holder)
     park.register(prim, kind, (prim.holder_ttl_ms or 0) + 50)
-    signals.lock_contended.send(
-        sender=task,
-        request=request,
-        key=prim.key,
-        name=prim.name,
-        holder=holder,
-        ttl_ms=prim.holder_ttl_ms,
-        policy="park",
-    )
+    holder = _announce(task, request, prim, "park")
     logger.info(
         "%s[%s] parked behind task %s on %s %r", task.name, request.id, holder, prim.kind, prim.name
     )

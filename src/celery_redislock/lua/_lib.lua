@@ -113,6 +113,15 @@ local function claim(Q, token)
   return 'dup'
 end
 
+-- The claim step of an acquire: ARGV[8] == '1' marks the re-published run
+-- of a parked task.  Returns 'dup' (drop this run), true (a claimed parked
+-- run: it goes to the front of the line) or false (an ordinary caller).
+local function parked_caller(Q, token, flag)
+  if flag ~= '1' then return false end
+  if claim(Q, token) == 'dup' then return 'dup' end
+  return true
+end
+
 -- Parked tasks whose reservation lapsed unclaimed (the releasing worker died
 -- before re-publishing, or the message was lost): put them back at the head
 -- of the queue, where serve() grants and re-publishes them.

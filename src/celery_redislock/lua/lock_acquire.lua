@@ -24,12 +24,9 @@ local lock = KEYS[1]
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = wake, reserve = ARGV[7] or '10000'}
 local out = {}
-local front = false
-if ARGV[8] == '1' then
-  if claim(Q, token) == 'dup' then
-    return reply(-1, 0, '', 0, out)
-  end
-  front = true
+local front = parked_caller(Q, token, ARGV[8])
+if front == 'dup' then
+  return reply(-1, 0, '', 0, out)
 end
 local holder = redis.call('GET', lock)
 if holder == token then

@@ -17,12 +17,9 @@ local grace, payload, mode = tonumber(ARGV[5]), ARGV[6], ARGV[10]
 local order = tonumber(ARGV[9])
 local Q = multi(KEYS, ARGV[4], ARGV[7])
 local out = {}
-local front = false
-if ARGV[8] == '1' then
-  if claim(Q, token) == 'dup' then
-    return reply(-1, 0, '', 0, out)
-  end
-  front = true
+local front = parked_caller(Q, token, ARGV[8])
+if front == 'dup' then
+  return reply(-1, 0, '', 0, out)
 end
 local now = now_ms()
 prune(Q, now)

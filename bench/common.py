@@ -1,0 +1,47 @@
+"""Small helpers shared by the benchmark scripts in bench/."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+__all__ = ["command_name", "log", "p99", "split", "time_cycles"]
+
+now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process
+
+
+def command_name(packed: Any) -> str:
+    """``EVALSHA`` from ``*6\\r\\n$7\\r\\nEVALSHA\\r\\n...`` (the first command of a write)."""
+    head = packed if isinstance(packed, (bytes, str)) else packed[0]
+    if isinstance(head, str):
+        head = head.encode()
+    parts = bytes(head).split(b"\r\n", 3)
+    return parts[2].decode().upper() if len(parts) > 2 else "?"
+
+
+def time_cycles(primitive: Any, cycles: int) -> list[float]:
+    """Wall time of each of ``cycles`` uncontended acquire + release pairs."""
+    times = []
+    for _ in range(cycles):
+        t0 = now()
+        primitive.acquire()
+        primitive.release()
+        times.append(now() - t0)
+    return times
+
+
+def p99(values: list[float]) -> float:
+    """Nearest-rank 99th percentile (with fewer than 100 samples: the largest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` spread over ``parts`` batches as evenly as possible."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
