@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Optional
 
-from . import _common, renewal, scripts
+from . import _common, renewal, scripts, wire
 from ._common import FOREVER_MS, GRACE_MS, call, decode, to_ms
 from .exceptions import (
     BackendUnavailable,
@@ -105,6 +105,7 @@ class Primitive:
         #: The server's clock (ms) at the last acquire attempt.
         self.server_now_ms = 0
         self._token: Optional[str] = None
+        self._block: Optional[wire.KeyBlock] = None
 
     # -- what subclasses provide ---------------------------------------------
 
@@ -120,6 +121,13 @@ class Primitive:
     @property
     def script_keys(self) -> list[str]:
         return list(self.keys.script_keys)
+
+    def _script(self, op: str, script: str, args: list[Any]) -> Any:
+        """Run one of the primitive's scripts on its keys: one round trip."""
+        block = self._block
+        if block is None:
+            block = self._block = wire.KeyBlock(self.script_keys)
+        return call(op, self.key, wire.evalsha, self.client, scripts.get(script), block, args)
 
     def _extra_args(self) -> list[Any]:
         """ARGV after the common ones of the acquire script."""
@@ -168,7 +176,7 @@ class Primitive:
             if cap is not None:
                 block = min(block, cap)
             popped = call(
-                "acquire", self.key, self.client.blpop, [self.wake_prefix + token], timeout=block
+                "acquire", self.key, wire.blpop, self.client, self.wake_prefix + token, block
             )
             if popped is not None:
                 return self._granted(token, int(popped[1]))
@@ -208,13 +216,8 @@ class Primitive:
         claim: bool = False,
         order_ms: Optional[float] = None,
     ) -> int:
-        reply = call(
-            "acquire",
-            self.key,
-            scripts.get(self.ACQUIRE),
-            keys=self.script_keys,
-            args=self._acquire_args(token, wait_ms, payload, claim, order_ms),
-            client=self.client,
+        reply = self._script(
+            "acquire", self.ACQUIRE, self._acquire_args(token, wait_ms, payload, claim, order_ms)
         )
         status = int(reply[0])
         if status != -1:
@@ -255,13 +258,8 @@ class Primitive:
         return [token, self.wake_prefix, 0, to_ms(self.park_reserve)]
 
     def _give_up(self, token: str) -> bool:
-        reply = call(
-            "acquire",
-            self.key,
-            scripts.get(self.CANCEL),
-            keys=self.script_keys,
-            args=[token, self.wake_prefix, to_ms(self.park_reserve)],
-            client=self.client,
+        reply = self._script(
+            "acquire", self.CANCEL, [token, self.wake_prefix, to_ms(self.park_reserve)]
         )
         self._publish(reply[4:])
         if int(reply[0]) == 1:  # a release granted it to us just in time
@@ -307,14 +305,7 @@ class Primitive:
         self._token = None
         fence, self.fence = self.fence, None
         try:
-            reply = call(
-                "release",
-                self.key,
-                scripts.get(self.RELEASE),
-                keys=self.script_keys,
-                args=self._release_args(token),
-                client=self.client,
-            )
+            reply = self._script("release", self.RELEASE, self._release_args(token))
         except BackendUnavailable:
             # Still ours as far as we know (no longer renewed): release() may be
             # called again; otherwise the lease runs out by itself.
@@ -357,14 +348,7 @@ class Primitive:
         Returns when (server ms) it should be called again, or -1 when
         nothing is parked any more.
         """
-        reply = call(
-            "recover",
-            self.key,
-            scripts.get(self.RECOVER),
-            keys=self.script_keys,
-            args=[self.wake_prefix, to_ms(self.park_reserve)],
-            client=self.client,
-        )
+        reply = self._script("recover", self.RECOVER, [self.wake_prefix, to_ms(self.park_reserve)])
         self._publish(reply[1:])
         return int(reply[0])
 

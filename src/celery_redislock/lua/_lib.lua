@@ -148,7 +148,8 @@ local function reply(status, n, holder, now, out)
 end
 
 -- can() and grant() for serve() on a mutex: one grant while it is free.
--- Call it only when the lock is free (every caller has just checked or DELed).
+-- Call it only when the lock is free, or is the caller's own being released (a
+-- grant overwrites it).  can(nil) after serve(): nobody was granted.
 local function mutex_rules(lock)
   local free = true
   local function can(mode) return free end

@@ -21,17 +21,22 @@ if ARGV[3] == '1' then
 elseif holder ~= ARGV[1] then
   return {0}
 end
-redis.call('DEL', lock)
 if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
+  redis.call('DEL', lock)
   return {1, 0}  -- nobody waiting, nothing parked in flight
 end
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[4] or '10000'}
 local now = now_ms()
 local out = {}
+-- Served as if free: a grant overwrites the key (SET), so it is only
+-- deleted when nobody was granted.
 local can, grant = mutex_rules(lock)
 requeue_lapsed(Q, now, 'x')
 serve(Q, now, false, can, grant, out)
+if can(nil) then
+  redis.call('DEL', lock)
+end
 local r = {1, now}
 for i = 1, #out do r[#r + 1] = out[i] end
 return r
