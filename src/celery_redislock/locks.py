@@ -86,4 +86,4 @@ def reap(
     reply = call(
         "reap", key, script, keys=k.script_keys, args=[owner, k.wake, 1, 10000], client=client
     )
-    return bool(int(reply[0]))
+    return reply == 1 or bool(int(reply[0]))

@@ -102,7 +102,7 @@ class Primitive:
         #: A holder's token and remaining lease (ms) seen by the last failed acquire.
         self.holder: Optional[str] = None
         self.holder_ttl_ms: Optional[int] = None
-        #: The server's clock (ms) at the last acquire attempt.
+        #: The server's clock (ms) seen by the last acquire attempt that did not get it at once.
         self.server_now_ms = 0
         self._token: Optional[str] = None
         self._block: Optional[wire.KeyBlock] = None
@@ -219,6 +219,9 @@ class Primitive:
         reply = self._script(
             "acquire", self.ACQUIRE, self._acquire_args(token, wait_ms, payload, claim, order_ms)
         )
+        if isinstance(reply, int):  # held, nothing to re-publish: the bare fence
+            self._granted(token, reply)
+            return 1
         status = int(reply[0])
         if status != -1:
             self.server_now_ms = int(reply[3])
@@ -261,8 +264,10 @@ class Primitive:
         reply = self._script(
             "acquire", self.CANCEL, [token, self.wake_prefix, to_ms(self.park_reserve)]
         )
+        if isinstance(reply, int):  # a release granted it to us just in time
+            return self._granted(token, reply)
         self._publish(reply[4:])
-        if int(reply[0]) == 1:  # a release granted it to us just in time
+        if int(reply[0]) == 1:
             return self._granted(token, int(reply[1]))
         return False
 
@@ -311,6 +316,8 @@ class Primitive:
             # called again; otherwise the lease runs out by itself.
             self._token, self.fence = token, fence
             raise
+        if isinstance(reply, int):
+            return  # released, nothing to re-publish
         if not int(reply[0]):
             self.lost = True
             raise LockLost(

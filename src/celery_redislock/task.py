@@ -132,6 +132,8 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_on_redis_error: Optional[str] = None
 
     _redislock_keyspec: Optional[KeySpec] = None
+    #: Whether the next __call__ after LockedTask's in the MRO is Task's own.
+    _redislock_direct = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery builds a class per decorated function (type(name, (base,),
@@ -139,6 +141,8 @@ class LockedTask(Task):  # type: ignore[misc]
         # runs before any run: bad options fail at definition, not mid-flight.
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name") or f"{cls.__module__}.{cls.__qualname__}"
+        after = cls.__mro__[cls.__mro__.index(LockedTask) + 1 :]
+        cls._redislock_direct = next(k for k in after if "__call__" in k.__dict__) is Task
         for option, field in OPTIONS.items():
             value = cls.__dict__.get(option)
             if value is not None:
@@ -212,6 +216,11 @@ class LockedTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         hold = self._redislock_enter(request, args, kwargs)
         try:
+            if self._redislock_direct:
+                # Task.__call__ would push a copy of the request the tracer has
+                # just pushed (and the task, again); the tracer calls run()
+                # directly for tasks that do not override __call__, and so do we.
+                return self.run(*args, **kwargs)
             return super().__call__(*args, **kwargs)
         finally:
             if hold is not None:

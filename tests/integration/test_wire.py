@@ -41,6 +41,7 @@ def test_a_flushed_script_is_loaded_again_and_the_call_goes_through(
     lock = Lock(client, "wire-flushed", ttl=5.0)
     lock.acquire()
     lock.release()
+    client.ping()  # the pool's other connection (SCRIPT LOAD goes through redis-py) is open
     r.script_flush()
     trips.reset()
     assert lock.acquire()
@@ -65,14 +66,24 @@ def test_a_connection_dropped_by_the_server_is_reopened(redis_url: str, r: redis
 
 @pytest.mark.parametrize(
     "options",
-    [{"single_connection_client": True}, {"decode_responses": True}, {"encoding": "latin-1"}],
-    ids=["single-connection", "decode-responses", "latin-1"],
+    [
+        {"single_connection_client": True},
+        {"decode_responses": True},
+        {"encoding": "latin-1"},
+        {"pool_class": redis.BlockingConnectionPool},
+    ],
+    ids=["single-connection", "decode-responses", "latin-1", "blocking-pool-of-1"],
 )
 def test_handoff_works_with_any_client_configuration(
     redis_url: str, r: redis.Redis, options: dict[str, Any]
 ) -> None:
-    holder_client = redis.Redis.from_url(redis_url, **options)
-    waiter_client = redis.Redis.from_url(redis_url, **options)
+    def client() -> redis.Redis:
+        if "pool_class" in options:
+            pool = options["pool_class"].from_url(redis_url, max_connections=1)
+            return redis.Redis(connection_pool=pool)
+        return redis.Redis.from_url(redis_url, **options)
+
+    holder_client, waiter_client = client(), client()
     holder = Semaphore(holder_client, "wire-any-client", 1, ttl=5.0)
     waiter = Semaphore(waiter_client, "wire-any-client", 1, ttl=5.0)
     assert holder.acquire()
@@ -87,3 +98,58 @@ def test_handoff_works_with_any_client_configuration(
     assert waiter.fence == fence + 1  # type: ignore[operator]
     waiter.release()
     assert waiter_client.zcard(waiter.key) == 0
+
+
+def test_a_thread_gives_its_connection_back_when_it_ends(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    pool = client.connection_pool
+
+    def use() -> None:
+        with Lock(client, "wire-thread", ttl=5.0):
+            assert len(pool._in_use_connections) == 1  # kept by this thread
+
+    thread = threading.Thread(target=use)
+    thread.start()
+    thread.join(5)
+    assert len(pool._in_use_connections) == 0
+    assert len(pool._available_connections) == 1
+
+
+class Interrupted(BaseException):
+    """Stands in for an exception raised between send and read (a soft time limit)."""
+
+
+def test_a_reply_left_unread_is_never_taken_for_the_next_one(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    first = Lock(client, "wire-unread-1", ttl=5.0)
+    second = Lock(client, "wire-unread-2", ttl=5.0)
+    first.acquire()  # this thread's connection is open, the script loaded
+    first.release()
+    conn = wire._connection(client.connection_pool)
+    real = conn.read_response
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(conn, "read_response", real)
+        raise Interrupted()
+
+    monkeypatch.setattr(conn, "read_response", interrupted)
+    with pytest.raises(Interrupted):
+        first.acquire()  # sent: the script ran and granted fence 2, unread
+    assert second.acquire()
+    assert second.fence == 1  # its own reply, not the first lock's fence 2
+    second.release()
+
+
+def test_pools_of_redis_py_before_5_3_are_asked_with_a_command_name() -> None:
+    class OldPool:
+        def get_connection(self, command_name: str, *keys: Any, **options: Any) -> Any:
+            return ("old", command_name)
+
+    class NewPool:
+        def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
+            return ("new", command_name)
+
+    assert wire._borrow(OldPool()) == ("old", "EVALSHA")
+    assert wire._borrow(NewPool()) == ("new", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from datetime import date, datetime, timezone
 from decimal import Decimal
@@ -197,3 +198,36 @@ def test_canonical_ignores_dict_order(d: dict[str, Any]) -> None:
 def test_canonical_is_injective_on_json_values(a: Any, b: Any) -> None:
     if canonical(a) == canonical(b):
         assert a == b
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((1,), {}),
+        ((1, 2), {}),
+        ((1,), {"b": 2}),
+        ((), {"a": 1, "b": 2, "c": 3}),
+        ((1, 2), {"c": 4}),
+    ],
+)
+def test_fast_binding_agrees_with_signature_bind(args: Any, kwargs: Any) -> None:
+    def body(a: int, b: int = 5, *, c: int = 6) -> None:
+        """A simple signature: the fast path binds it."""
+
+    s = KeySpec("t", body, ["a", "b", "c"])
+    assert s._simple is not None
+    expected = inspect.signature(body).bind(*args, **kwargs)
+    expected.apply_defaults()
+    assert s.bind(args, kwargs) == dict(expected.arguments)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((1, 2, 3), {}), ((1,), {"a": 1}), ((), {"b": 1}), ((1,), {"zz": 1})],
+)
+def test_calls_the_fast_binding_refuses_still_fail_clearly(args: Any, kwargs: Any) -> None:
+    def body(a: int, b: int = 5, *, c: int = 6) -> None:
+        """Too many, doubled, missing or unknown arguments."""
+
+    with pytest.raises(TypeError, match=r"task 't' called with bad arguments"):
+        KeySpec("t", body, ["a"]).key(args, kwargs)

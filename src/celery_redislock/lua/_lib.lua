@@ -140,8 +140,10 @@ end
 -- The reply of every acquire: {status, fence or wait hint ms, holder, now ms,
 -- token, payload, ...}: status 1 = held, 0 = contended, -1 = duplicate run of
 -- a parked task; the pairs are parked tasks this call granted, for the
--- caller to re-publish.
+-- caller to re-publish.  Held with nothing to re-publish (the common case)
+-- is the bare fence, an integer: the cheapest reply to read.
 local function reply(status, n, holder, now, out)
+  if status == 1 and #out == 0 then return n end
   local r = {status, n, holder or '', now}
   for i = 1, #out do r[#r + 1] = out[i] end
   return r

@@ -13,7 +13,8 @@
 -- ARGV[8] '1' when the caller is the re-published run of a parked task
 -- ARGV[9] place in line of a parked task (its publish time, ms); '' = now
 -- ARGV[6..9] may be left out (not parking); ARGV[7] then defaults to 10000.
--- Returns reply(): {1, fence, '', now, pairs...} when the caller holds the lock
+-- Returns reply(): the fence (or {1, fence, '', now, pairs...} when parked tasks
+-- were granted too) when the caller holds the lock
 -- (also when it already did: a retried call whose reply was lost, or a grant
 -- made by a release while it waited), {0, holder's remaining lease ms, holder,
 -- now, pairs...} when it does not, {-1, ...} for a duplicate parked run.

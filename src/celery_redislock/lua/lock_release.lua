@@ -7,8 +7,9 @@
 --         the lock of a child it has killed), anything else for an exact match
 -- ARGV[4] reservation lease in ms for parked tasks granted by this call
 --         (ARGV[3] and ARGV[4] may be left out: exact match, 10000 ms)
--- Returns {1, now, pairs...} when released (pairs: parked tasks granted, to
--- re-publish), {0} when the caller is not the holder (nothing changed).
+-- Returns 1 when released, {1, now, pairs...} when released and parked tasks
+-- were granted (pairs: token, payload, to re-publish), {0} when the caller is
+-- not the holder (nothing changed).
 local lock = KEYS[1]
 local holder = redis.call('GET', lock)
 if not holder then
@@ -23,7 +24,7 @@ elseif holder ~= ARGV[1] then
 end
 if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
   redis.call('DEL', lock)
-  return {1, 0}  -- nobody waiting, nothing parked in flight
+  return 1  -- nobody waiting, nothing parked in flight
 end
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[4] or '10000'}
@@ -36,6 +37,9 @@ requeue_lapsed(Q, now, 'x')
 serve(Q, now, false, can, grant, out)
 if can(nil) then
   redis.call('DEL', lock)
+end
+if #out == 0 then
+  return 1
 end
 local r = {1, now}
 for i = 1, #out do r[#r + 1] = out[i] end

@@ -5,8 +5,8 @@
 -- ARGV[2] wake-list key prefix
 -- ARGV[3] '1' to match ARGV[1] as a prefix (reaping a killed child's holds)
 -- ARGV[4] reservation lease ms for parked tasks granted by this call
--- Returns {1, now, pairs...} when released, {0} when the caller held nothing
--- (its lease had run out).
+-- Returns 1 when released, {1, now, pairs...} when released and parked tasks
+-- were granted, {0} when the caller held nothing (its lease had run out).
 local Q = multi(KEYS, ARGV[2], ARGV[4])
 local now = now_ms()
 local mine = {}
@@ -29,6 +29,9 @@ local out = {}
 local can, grant = multi_rules(Q, now, stored_limit(Q))
 requeue_lapsed(Q, now, 's')
 serve(Q, now, false, can, grant, out)
+if #out == 0 then
+  return 1
+end
 local r = {1, now}
 for i = 1, #out do r[#r + 1] = out[i] end
 return r
