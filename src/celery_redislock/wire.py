@@ -143,13 +143,14 @@ def _send_and_read(conn: Any, packed: bytes) -> Any:
 
 
 def _borrow(pool: Any) -> Any:
-    if _wants_command_name(type(pool)):
+    pool_class: Any = type(pool)
+    if _wants_command_name(pool_class):
         return pool.get_connection("EVALSHA")  # redis-py before 5.3
     return pool.get_connection()
 
 
 @functools.cache
-def _wants_command_name(pool_class: type) -> bool:
+def _wants_command_name(pool_class: Any) -> bool:
     parameters = inspect.signature(pool_class.get_connection).parameters
     name = parameters.get("command_name")
     return name is not None and name.default is inspect.Parameter.empty
