@@ -79,6 +79,21 @@ def locked_noop(i: int) -> int:
     return i
 
 
+_pinger: Optional[redis.Redis] = None
+
+
+@app.task(name="bench.two_pings_noop")
+def two_pings_noop(i: int) -> int:
+    """Plain Celery plus two bare PINGs to the lock store from the pool child: the
+    floor of any lock taken and released in the worker (one round trip each)."""
+    global _pinger
+    if _pinger is None:
+        _pinger = redis.Redis.from_url(LOCK_URL)
+    _pinger.ping()
+    _pinger.ping()
+    return i
+
+
 @app.task(name="bench.singleton_noop", base=Singleton)
 def singleton_noop(i: int) -> int:
     return i

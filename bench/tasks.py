@@ -5,8 +5,10 @@ db 2, body records on db 3) and one ``celery worker -P prefork -c 4``
 subprocess that serves every variant, then prints two tables:
 
 1. Overhead.  N distinct no-op tasks (distinct arguments, so no contention)
-   per variant: plain Celery, LockedTask with ``lock_key`` on the argument,
-   celery-singleton, celery-once and celery-heimdall.  Time is wall time
+   per variant: plain Celery, plain Celery whose body sends two bare PINGs
+   to the lock store (the floor of any lock taken and released in the
+   worker: one round trip each), LockedTask with ``lock_key`` on the
+   argument, celery-singleton, celery-once and celery-heimdall.  Time is wall time
    from the first submit to the last result (submit all, then wait for all).
    Every variant runs ROUNDS times, interleaved (each round starts at a
    different variant).  Other processes on the machine can only add time,
@@ -60,7 +62,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONCURRENCY = 4
 #: Rounds of the overhead measurement; the table shows the best and the median.
-ROUNDS = 3
+ROUNDS = 5
 #: Tasks per variant in the unmeasured warm-up (imports, connections, Lua scripts).
 WARMUP = 50
 #: Tasks for celery-heimdall's default configuration (a 1 s wait per task).
@@ -265,6 +267,7 @@ class Bench:
         m = self.m
         variants = [
             Overhead("plain Celery", m.plain_noop),
+            Overhead("plain Celery + 2 PINGs in the body (floor)", m.two_pings_noop),
             Overhead("LockedTask, lock_key=['i']", m.locked_noop),
             Overhead("celery-singleton", m.singleton_noop),
             Overhead("celery-once", m.once_noop),

@@ -38,14 +38,17 @@ def _plain(value: Any) -> Any:
     return JSONEncoder().default(value)
 
 
+_ENCODER = json.JSONEncoder(
+    default=_plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+)
+
+
 def canonical(value: Any) -> str:
     """Deterministic compact JSON of ``value`` (raises TypeError when impossible).
 
     UUID, Decimal and date/time values become their plain string forms.
     """
-    return json.dumps(
-        value, default=_plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
+    return _ENCODER.encode(value)
 
 
 #: (names in order, how many may be positional, defaults) of a simple signature.

@@ -49,7 +49,10 @@ class KeyBlock:
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
-        self.packed = _arg(str(len(keys))) + b"".join(_arg(k) for k in keys)
+        encoded = [k.encode("utf-8") for k in keys]
+        self.packed = _arg(str(len(keys))) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(k), k) for k in encoded
+        )
 
 
 def evalsha(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> Any:
