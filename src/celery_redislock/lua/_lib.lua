@@ -149,6 +149,15 @@ local function reply(status, n, holder, now, out)
   return r
 end
 
+-- The reply of every release that released: 1, or {1, now, token, payload,
+-- ...} when it granted parked tasks, for the caller to re-publish.
+local function released(now, out)
+  if #out == 0 then return 1 end
+  local r = {1, now}
+  for i = 1, #out do r[#r + 1] = out[i] end
+  return r
+end
+
 -- can() and grant() for serve() on a mutex: one grant while it is free.
 -- Call it only when the lock is free, or is the caller's own being released (a
 -- grant overwrites it).  can(nil) after serve(): nobody was granted.

@@ -38,9 +38,4 @@ serve(Q, now, false, can, grant, out)
 if can(nil) then
   redis.call('DEL', lock)
 end
-if #out == 0 then
-  return 1
-end
-local r = {1, now}
-for i = 1, #out do r[#r + 1] = out[i] end
-return r
+return released(now, out)

@@ -29,9 +29,4 @@ local out = {}
 local can, grant = multi_rules(Q, now, stored_limit(Q))
 requeue_lapsed(Q, now, 's')
 serve(Q, now, false, can, grant, out)
-if #out == 0 then
-  return 1
-end
-local r = {1, now}
-for i = 1, #out do r[#r + 1] = out[i] end
-return r
+return released(now, out)
