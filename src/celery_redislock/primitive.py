@@ -23,8 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Optional
 
-from . import _common, renewal, scripts, wire
-from ._common import FOREVER_MS, GRACE_MS, call, decode, to_ms
+from redis.exceptions import NoScriptError
+
+from . import _common, checkout, renewal, scripts, wire
+from ._common import FOREVER_MS, GRACE_MS, UNREACHABLE, call, decode, to_ms
 from .exceptions import (
     BackendUnavailable,
     ConfigurationError,
@@ -127,7 +129,12 @@ class Primitive:
         block = self._block
         if block is None:
             block = self._block = wire.KeyBlock(self.script_keys)
-        return call(op, self.key, wire.evalsha, self.client, scripts.get(script), block, args)
+        try:
+            return wire.evalsha(self.client, scripts.get(script), block, args)
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(
+                f"Redis unreachable during {op} of {self.key!r}: {exc}"
+            ) from exc
 
     def _extra_args(self) -> list[Any]:
         """ARGV after the common ones of the acquire script."""
@@ -154,19 +161,17 @@ class Primitive:
                 raise ValueError("can't specify a timeout for a non-blocking acquire")
             _common.check_seconds(timeout, f"acquire timeout of {self.kind} {self.name!r}")
         token = self._new_token()
+        if not blocking:  # one attempt, the common case of a task's lock
+            return self._attempt(token, 0) == 1
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         cap = _common.block_cap(self.client)
 
         def wait_ms() -> int:
-            if not blocking:
-                return 0
             left = deadline - time.monotonic()
             return FOREVER_MS if left == math.inf else max(1, int(left * 1000))
 
         status = self._attempt(token, wait_ms())
         while status == 0:
-            if not blocking:
-                return False
             left = deadline - time.monotonic()
             if left <= 0:
                 return self._give_up(token)
@@ -303,12 +308,7 @@ class Primitive:
         Raises LockNotOwned when this object does not hold it, and LockLost
         when it did but its lease ran out (whoever holds it now is untouched).
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwned(f"cannot release {self.kind} {self.name!r}: not acquired", self.key)
-        renewal.keeper().discard(self)
-        self._token = None
-        fence, self.fence = self.fence, None
+        token, fence = self._release_begin()
         try:
             reply = self._script("release", self.RELEASE, self._release_args(token))
         except BackendUnavailable:
@@ -316,6 +316,64 @@ class Primitive:
             # called again; otherwise the lease runs out by itself.
             self._token, self.fence = token, fence
             raise
+        self._released(reply, fence)
+
+    def release_soon(self, done: Callable[[Optional[Exception]], None]) -> None:
+        """Release now, and learn how it went later, without waiting for Redis.
+
+        The release is sent at once (the lock is free, or handed over, as soon
+        as Redis reads it); its reply is read when this thread next talks to
+        Redis on this client, or at :func:`celery_redislock.wire.settle`.
+        ``done`` then gets None, or the error :meth:`release` would have
+        raised (LockLost, BackendUnavailable, ...).  Where the reply cannot
+        be deferred (see :func:`wire.evalsha_soon`), this is :meth:`release`
+        followed by ``done``.  Still one round trip.
+        """
+        token, fence = self._release_begin()
+        args = self._release_args(token)
+        script = scripts.get(self.RELEASE)
+
+        def on_reply(reply: Any) -> None:
+            try:
+                if isinstance(reply, NoScriptError):  # flushed since: load it, send again
+                    self.client.script_load(script.script)
+                    reply = self._script("release", self.RELEASE, args)
+                elif isinstance(reply, checkout.ReplyLost):
+                    raise BackendUnavailable(
+                        f"Redis unreachable during release of {self.key!r}: {reply}"
+                    ) from reply
+                elif isinstance(reply, Exception):
+                    raise reply
+                self._released(reply, fence)
+            except Exception as exc:
+                done(exc)
+            else:
+                done(None)
+
+        block = self._block
+        if block is None:
+            block = self._block = wire.KeyBlock(self.script_keys)
+        if wire.evalsha_soon(self.client, script, block, args, on_reply):
+            return
+        try:
+            reply = self._script("release", self.RELEASE, args)
+        except Exception as exc:
+            if isinstance(exc, BackendUnavailable):
+                self._token, self.fence = token, fence  # as release() leaves it
+            done(exc)
+            return
+        on_reply(reply)
+
+    def _release_begin(self) -> tuple[str, Optional[int]]:
+        token = self._token
+        if token is None:
+            raise LockNotOwned(f"cannot release {self.kind} {self.name!r}: not acquired", self.key)
+        renewal.keeper().discard(self)
+        self._token = None
+        fence, self.fence = self.fence, None
+        return token, fence
+
+    def _released(self, reply: Any, fence: Optional[int]) -> None:
         if isinstance(reply, int):
             return  # released, nothing to re-publish
         if not int(reply[0]):

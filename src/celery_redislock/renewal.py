@@ -130,7 +130,9 @@ class Keeper:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._cond = threading.Condition()
+        # A plain lock under the condition: nothing takes it twice, and it is
+        # taken twice per hold on the hot path (add, discard).
+        self._cond = threading.Condition(threading.Lock())
         self._held: dict[int, _Entry] = {}
         self._renewers: dict[int, _ClientRenewer] = {}
         self._thread: threading.Thread | None = None
@@ -147,7 +149,9 @@ class Keeper:
         with self._cond:
             self._idle_wait = lease.renew_interval
             self._held[id(lease)] = entry
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
+                # Started once per process (keeper() makes a new Keeper after
+                # fork); _run never lets an error end it.
                 self._thread = threading.Thread(
                     target=self._run, name="redislock-keeper", daemon=True
                 )
@@ -170,6 +174,14 @@ class Keeper:
             self._cond.notify()
 
     def _run(self) -> None:
+        while True:
+            try:
+                self._loop()
+            except Exception:  # a bug must not end renewal for the whole process
+                logger.exception("lease keeper failed unexpectedly; it carries on")
+                time.sleep(ERROR_RETRY)
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._held:

@@ -1,7 +1,9 @@
 """Loads the Lua scripts in ``lua/`` once and exposes them as redis-py Scripts.
 
-A script whose first line is ``-- include: NAME`` gets ``lua/NAME.lua``
-prepended, so shared helpers live in one file.  Scripts are called with
+A line ``-- include: NAME`` in a script is replaced by ``lua/NAME.lua``, so
+shared helpers live in one file.  Lua defines a script's local functions
+each time it runs, so a script may answer its common case in a few lines
+above the include and only define the helpers when it needs them.  Scripts are called with
 ``script(keys=..., args=..., client=...)``; redis-py sends EVALSHA and falls
 back to SCRIPT LOAD on NOSCRIPT, so a warm call is one round trip.
 """
@@ -22,10 +24,10 @@ __all__ = ["evalsha_in_pipeline", "get", "source"]
 def source(name: str) -> str:
     """The full text of script ``name``, with its include resolved."""
     text = resources.files("celery_redislock").joinpath("lua", f"{name}.lua").read_text("utf-8")
-    first = text.split("\n", 1)[0]
-    if first.startswith("-- include:"):
-        text = source(first.split(":", 1)[1].strip()) + "\n" + text
-    return text
+    return "\n".join(
+        source(line.split(":", 1)[1].strip()) if line.startswith("-- include:") else line
+        for line in text.split("\n")
+    )
 
 
 @functools.cache

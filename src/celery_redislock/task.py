@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject, Retry
 
-from . import _common, config, contention, guards, park, signals
+from . import _common, config, contention, guards, park, signals, wire
 from .exceptions import BackendUnavailable, ConfigurationError, LockError
 from .policy import effective_policy, owner_prefix
 from .primitive import Primitive
@@ -35,6 +35,9 @@ from .taskkey import KeySpec
 __all__ = ["Hold", "LockedTask"]
 
 logger = logging.getLogger("celery_redislock")
+
+#: Outcomes the tracer does not call after_return for (RETRY, IGNORED, REJECTED).
+_NO_AFTER_RETURN = (Retry, Ignore, Reject)
 
 #: Task option -> Settings field supplying its default.
 OPTIONS = {
@@ -66,24 +69,47 @@ class Hold:
         self.fence = lock.fence
         self.released = False
 
-    def release(self) -> None:
+    def release(self, *, soon: bool = False) -> None:
+        """Release the hold (once; later calls do nothing).
+
+        ``soon``: send the release without waiting for Redis's reply, which
+        :meth:`settle` (or this thread's next call to Redis) reads; the
+        ``lock_released`` or ``lock_lost`` signal is sent then.
+        """
         if self.released:
             return
         self.released = True
+        if soon:
+            self.lock.release_soon(self._outcome)
+            return
         try:
             self.lock.release()
-        except LockError as exc:
+        except (LockError, BackendUnavailable) as exc:
+            self._outcome(exc)
+        else:
+            self._outcome(None)
+
+    def settle(self) -> None:
+        """Read the reply of a release sent with ``soon`` (nothing when there is none)."""
+        wire.settle(self.lock.client)
+
+    def _outcome(self, exc: Optional[Exception]) -> None:
+        if isinstance(exc, LockError):
             # The body has already run; changing its outcome now would run
             # errbacks after its side effects.  Report loudly instead.
             logger.error("%s[%s]: %s", self.task.name, self.request.id, exc)
             signals.lock_lost.send(sender=self.task, key=self.key, reason=str(exc), lock=self.lock)
-        except BackendUnavailable as exc:
+        elif isinstance(exc, BackendUnavailable):
             logger.error(
                 "%s[%s]: could not release %s, it frees when its lease ends: %s",
                 self.task.name,
                 self.request.id,
                 self.key,
                 exc,
+            )
+        elif exc is not None:
+            logger.error(
+                "%s[%s]: releasing %s failed: %r", self.task.name, self.request.id, self.key, exc
             )
         else:
             signals.lock_released.send(
@@ -215,16 +241,42 @@ class LockedTask(Task):  # type: ignore[misc]
             # process: no message, no worker, and no lock.
             return super().__call__(*args, **kwargs)
         hold = self._redislock_enter(request, args, kwargs)
+        if hold is None:  # Redis unreachable and lock_on_redis_error="run"
+            return self._redislock_body(args, kwargs)
         try:
-            if self._redislock_direct:
-                # Task.__call__ would push a copy of the request the tracer has
-                # just pushed (and the task, again); the tracer calls run()
-                # directly for tasks that do not override __call__, and so do we.
-                return self.run(*args, **kwargs)
-            return super().__call__(*args, **kwargs)
-        finally:
-            if hold is not None:
-                hold.release()
+            result = self._redislock_body(args, kwargs)
+        except Exception as exc:
+            # FAILURE gets after_return; RETRY, IGNORED and REJECTED do not
+            # (celery/app/trace.py), so their release is waited for here.
+            hold.release(soon=not isinstance(exc, _NO_AFTER_RETURN))
+            raise
+        except BaseException:
+            hold.release()  # the tracer lets these through: no after_return
+            raise
+        # Sent now, read once the result is stored (after_return): the lock is
+        # free at once, and this process does not wait for Redis to say so.
+        hold.release(soon=True)
+        return result
+
+    def _redislock_body(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if self._redislock_direct:
+            # Task.__call__ would push a copy of the request the tracer has
+            # just pushed (and the task, again); the tracer calls run()
+            # directly for tasks that do not override __call__, and so do we.
+            return self.run(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # The tracer calls this after storing a SUCCESS or FAILURE result; the
+        # release's reply has arrived by now.  Subclasses overriding
+        # after_return call super(), or the reply waits for this thread's next
+        # call to Redis (the lock itself is released either way).
+        hold = getattr(self.request, "redislock", None)
+        if isinstance(hold, Hold):
+            hold.settle()
+        super().after_return(status, retval, task_id, args, kwargs, einfo)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         # Task.retry publishes the new message before raising; release first,

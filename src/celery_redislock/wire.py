@@ -9,17 +9,20 @@ the usual state of a worker that just woke up.  A primitive's keys never
 change, so they are encoded once (:class:`KeyBlock`), and each call encodes
 only its few arguments.
 
-Borrowing a connection from a redis-py pool and giving it back costs about
-as much again (~40 µs: a lock, a poll() for stray data, metrics), so each
-thread keeps one connection of each pool it uses checked out
-(:func:`_connection`), given back when the thread ends or the pool is
-dropped.  Nothing can be left unread on it: an error or an interruption
-(a soft time limit, say) between sending and reading disconnects it, as
-redis-py does inside its own reads.  A ``BlockingConnectionPool`` has a
-hard size, so it is borrowed from and given back on every call instead.
+Each thread keeps one connection of each pool it uses checked out
+(:mod:`checkout`).  Nothing can be left unread on it by accident: an error
+or an interruption (a soft time limit, say) between sending and reading
+disconnects it, as redis-py does inside its own reads.  A reply can be left
+to read later on purpose (:func:`evalsha_soon`); it is then read before
+anything else is sent on that connection.  A ``BlockingConnectionPool`` has
+a hard size, so it is borrowed from and given back on every call instead.
 
-The bytes still go through the client's own connection class (SSL,
-Sentinel, a unix socket, ...) and retry policy, and NOSCRIPT is answered by
+Plain TCP, TLS and unix-socket connections are written and read here
+directly (:mod:`resp`); other connection classes (Sentinel's, client-side
+caching's) may act on replies, so they keep redis-py's reader.
+
+Connections are made by the client's own connection class and retried
+by its retry policy, and NOSCRIPT is answered by
 loading the script and sending again, as redis-py does.  A client this does
 not know how to drive (Redis Cluster, a single-connection client, anything
 without a connection pool, an encoding other than UTF-8) takes redis-py's
@@ -28,31 +31,51 @@ normal path instead.
 
 from __future__ import annotations
 
-import functools
-import inspect
-import os
-import threading
-import weakref
-from typing import Any, Optional
+import socket
+from typing import Any, Callable, Optional
 
 from redis.commands.core import Script
-from redis.connection import BlockingConnectionPool
-from redis.exceptions import ConnectionError, NoScriptError, ResponseError
+from redis.connection import (
+    BlockingConnectionPool,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
+from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
-__all__ = ["KeyBlock", "blpop", "evalsha"]
+from . import resp
+from .checkout import borrow, checkout
+from .checkout import settle as checkout_settle
+
+__all__ = ["KeyBlock", "blpop", "evalsha", "evalsha_soon", "settle"]
+
+#: Connection classes whose I/O is the socket itself, read and written here
+#: directly (:func:`_raw_send_and_read`).  Subclasses (Sentinel's, client-side
+#: caching's) may act on replies, so they keep redis-py's reader.
+_RAW_CLASSES = frozenset({Connection, SSLConnection, UnixDomainSocketConnection})
+#: redis-py >= 7 connections can be asked to reconnect (server maintenance).
+_RECONNECT_HINTS = hasattr(Connection, "should_reconnect")
 
 
 class KeyBlock:
     """The keys of one primitive, kept both as a list and packed for EVALSHA."""
 
-    __slots__ = ("keys", "packed")
+    __slots__ = ("heads", "keys", "packed")
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
-        encoded = [k.encode("utf-8") for k in keys]
-        self.packed = _arg(str(len(keys))) + b"".join(
-            b"$%d\r\n%s\r\n" % (len(k), k) for k in encoded
-        )
+        self.packed = _arg(str(len(keys))) + b"".join([_arg(k) for k in keys])
+        #: (script sha, number of args) -> the command up to its first argument.
+        self.heads: dict[tuple[str, int], bytes] = {}
+
+    def head(self, sha: str, nargs: int) -> bytes:
+        head = self.heads.get((sha, nargs))
+        if head is None:
+            n = 3 + len(self.keys) + nargs
+            head = self.heads[sha, nargs] = (
+                b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (n, sha.encode()) + self.packed
+            )
+        return head
 
 
 def evalsha(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> Any:
@@ -60,15 +83,55 @@ def evalsha(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> An
     pool = _pool_of(client)
     if pool is None:
         return script(keys=block.keys, args=args, client=client)
-    n = 3 + len(block.keys) + len(args)
-    head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (n, script.sha.encode())
-    packed = head + block.packed + b"".join(_arg(a) for a in args)
+    packed = block.head(script.sha, len(args)) + b"".join([_arg(a) for a in args])
     try:
         return _roundtrip(pool, packed)
     except NoScriptError:
         # Redis restarted or was flushed since the script was last loaded.
         client.script_load(script.script)
         return _roundtrip(pool, packed)
+
+
+def evalsha_soon(
+    client: Any, script: Script, block: KeyBlock, args: list[Any], on_reply: Callable[[Any], None]
+) -> bool:
+    """Send ``script`` now and leave its reply to be read later, into ``on_reply``.
+
+    The reply is read before this thread next sends anything on the same
+    connection, or at :func:`settle`; ``on_reply`` gets it (an error reply as
+    an exception instance), or :class:`checkout.ReplyLost`.  Returns False,
+    having sent nothing, for a client or connection this cannot do that on
+    (the caller then makes an ordinary call).
+    """
+    pool = _pool_of(client)
+    blocking: Any = BlockingConnectionPool
+    if pool is None or isinstance(pool, blocking):
+        return False
+    held: Any = checkout(pool)
+    if held.pending:
+        held.drain()  # one command in flight at a time: resp reads one reply per recv
+    conn = held.conn
+    sock = conn._sock
+    if type(conn) not in _RAW_CLASSES or sock is None:
+        return False
+    packed = block.head(script.sha, len(args)) + b"".join([_arg(a) for a in args])
+    try:
+        sock.sendall(packed)
+    except OSError:
+        held.fail(ConnectionError("the connection broke"))  # also fails replies deferred before
+        return False
+    except BaseException as exc:
+        held.fail(exc)  # interrupted mid-send: the connection is unusable
+        raise
+    held.defer(on_reply)
+    return True
+
+
+def settle(client: Any) -> None:
+    """Read this thread's deferred replies on ``client`` now (see :func:`evalsha_soon`)."""
+    pool = _pool_of(client)
+    if pool is not None:
+        checkout_settle(pool)
 
 
 def blpop(client: Any, key: str, timeout: float) -> Optional[tuple[Any, Any]]:
@@ -82,10 +145,15 @@ def blpop(client: Any, key: str, timeout: float) -> Optional[tuple[Any, Any]]:
 
 def _arg(value: Any) -> bytes:
     """One bulk string of the RESP protocol (the client's encoding is UTF-8)."""
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
         data = value.encode("utf-8")
+    elif kind is int:
+        data = b"%d" % value
     elif isinstance(value, bytes):
         data = value
+    elif isinstance(value, str):
+        data = str(value).encode("utf-8")
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         data = repr(value).encode()
     else:
@@ -106,17 +174,45 @@ def _pool_of(client: Any) -> Any:
 def _roundtrip(pool: Any, packed: bytes) -> Any:
     blocking: Any = BlockingConnectionPool  # untyped in redis-py
     if isinstance(pool, blocking):
-        conn = _borrow(pool)
+        conn = borrow(pool)
         try:
             return _send_and_read(conn, packed)
         finally:
             pool.release(conn)
-    return _send_and_read(_connection(pool), packed)
+    held: Any = checkout(pool)
+    if held.pending:
+        held.drain()  # replies come back in order: the deferred ones first
+    return _send_and_read(held.conn, packed)
 
 
 def _send_and_read(conn: Any, packed: bytes) -> Any:
+    if type(conn) in _RAW_CLASSES and conn._sock is not None:
+        # The common case, kept free of closures and retry machinery: one
+        # attempt on the open connection; anything unusual goes the long way.
+        try:
+            reply = _raw_send_and_read(conn, packed)
+        except ResponseError:
+            raise  # an error reply, read in full: the connection is fine
+        except ConnectionError:
+            conn.disconnect()  # closed by the server meanwhile? see below
+        except BaseException:
+            conn.disconnect()  # see send() below
+            raise
+        else:
+            if _RECONNECT_HINTS and conn.should_reconnect():
+                conn.disconnect()  # the server asked (maintenance); reconnect on next use
+            return reply
+        return _send_and_read_retrying(conn, packed, reused=False)
+    return _send_and_read_retrying(conn, packed, reused=getattr(conn, "_sock", None) is not None)
+
+
+def _send_and_read_retrying(conn: Any, packed: bytes, *, reused: bool) -> Any:
+    raw = type(conn) in _RAW_CLASSES
+
     def send() -> Any:
         try:
+            if raw:
+                return _raw_send_and_read(conn, packed)
             conn.send_packed_command([packed])
             return conn.read_response()
         except ResponseError:
@@ -127,7 +223,6 @@ def _send_and_read(conn: Any, packed: bytes) -> Any:
             conn.disconnect()
             raise
 
-    reused = getattr(conn, "_sock", None) is not None
     try:
         try:
             return conn.retry.call_with_retry(send, lambda error: conn.disconnect())
@@ -145,59 +240,23 @@ def _send_and_read(conn: Any, packed: bytes) -> Any:
             conn.disconnect()  # the server asked (maintenance); reconnect on next use
 
 
-def _borrow(pool: Any) -> Any:
-    pool_class: Any = type(pool)
-    if _wants_command_name(pool_class):
-        return pool.get_connection("EVALSHA")  # redis-py before 5.3
-    return pool.get_connection()
+def _raw_send_and_read(conn: Any, packed: bytes) -> Any:
+    """Send and read on the socket itself: no parser, hooks or health check.
 
-
-@functools.cache
-def _wants_command_name(pool_class: Any) -> bool:
-    parameters = inspect.signature(pool_class.get_connection).parameters
-    name = parameters.get("command_name")
-    return name is not None and name.default is inspect.Parameter.empty
-
-
-class _Checkout:
-    """A connection one thread keeps out of a pool; given back when dropped."""
-
-    __slots__ = ("conn", "pid", "pool")
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = weakref.ref(pool)
-        self.pid = os.getpid()
-        self.conn = _borrow(pool)
-
-    def __del__(self) -> None:
-        if self.pid != os.getpid():
-            return  # the parent's connection, in a forked child: not ours to touch
-        pool = self.pool()
-        try:
-            if pool is not None:
-                pool.release(self.conn)
-            else:
-                self.conn.disconnect()
-        except Exception:  # interpreter shutdown, a closed pool: nothing to do
-            pass
-
-
-class _Local(threading.local):
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.checkouts: weakref.WeakKeyDictionary[Any, _Checkout] = weakref.WeakKeyDictionary()
-
-
-_local = _Local()
-
-
-def _connection(pool: Any) -> Any:
-    """This thread's connection of ``pool`` (see the module docstring)."""
-    local = _local
-    if local.pid != os.getpid():  # forked: the parent's sockets are not ours
-        local.pid = os.getpid()
-        local.checkouts = weakref.WeakKeyDictionary()
-    checkout = local.checkouts.get(pool)
-    if checkout is None:
-        checkout = local.checkouts[pool] = _Checkout(pool)
-    return checkout.conn
+    Only for connection classes whose I/O is a plain (or TLS) socket
+    (:data:`_RAW_CLASSES`); the caller disconnects on any exception.
+    """
+    sock = conn._sock
+    if sock is None:
+        conn.connect()
+        sock = conn._sock
+    try:
+        sock.sendall(packed)
+    except socket.timeout as exc:
+        raise TimeoutError("Timeout writing to the lock store") from exc
+    except OSError as exc:
+        raise ConnectionError(f"Error while writing to the lock store: {exc}") from exc
+    reply = resp.read_reply(sock)
+    if isinstance(reply, ResponseError):
+        raise reply
+    return reply

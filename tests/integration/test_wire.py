@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_redislock import Lock, Semaphore, scripts, wire
+from celery_redislock import Lock, Semaphore, checkout, resp, scripts, wire
 from tests.helpers import blocked_clients, counting_client, sha, wait_until
 
 
@@ -127,14 +127,13 @@ def test_a_reply_left_unread_is_never_taken_for_the_next_one(
     second = Lock(client, "wire-unread-2", ttl=5.0)
     first.acquire()  # this thread's connection is open, the script loaded
     first.release()
-    conn = wire._connection(client.connection_pool)
-    real = conn.read_response
+    real = resp.read_reply
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(conn, "read_response", real)
+        monkeypatch.setattr(resp, "read_reply", real)
         raise Interrupted()
 
-    monkeypatch.setattr(conn, "read_response", interrupted)
+    monkeypatch.setattr(resp, "read_reply", interrupted)
     with pytest.raises(Interrupted):
         first.acquire()  # sent: the script ran and granted fence 2, unread
     assert second.acquire()
@@ -151,5 +150,5 @@ def test_pools_of_redis_py_before_5_3_are_asked_with_a_command_name() -> None:
         def get_connection(self, command_name: Any = None, *keys: Any, **options: Any) -> Any:
             return ("new", command_name)
 
-    assert wire._borrow(OldPool()) == ("old", "EVALSHA")
-    assert wire._borrow(NewPool()) == ("new", None)
+    assert checkout.borrow(OldPool()) == ("old", "EVALSHA")
+    assert checkout.borrow(NewPool()) == ("new", None)

@@ -1,4 +1,3 @@
--- include: _lib
 -- Acquire a mutex in one round trip, or take a place in its FIFO queue.
 -- KEYS[1] lock key (string: owner token, lease in PX)
 -- KEYS[2] fence counter (INCR on every grant, never expires)
@@ -18,6 +17,18 @@
 -- (also when it already did: a retried call whose reply was lost, or a grant
 -- made by a release while it waited), {0, holder's remaining lease ms, holder,
 -- now, pairs...} when it does not, {-1, ...} for a duplicate parked run.
+
+-- The common case first, before the helpers are defined: free, nobody in line
+-- (or in flight), and not the re-published run of a parked task.
+if ARGV[8] ~= '1' and redis.call('EXISTS', KEYS[3], KEYS[6]) == 0
+    and not redis.call('GET', KEYS[1]) then
+  local f = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return f
+end
+
+-- include: _lib
+
 local token, ttl, wait, wake = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local grace, payload = tonumber(ARGV[5]), ARGV[6] or ''
 local order = tonumber(ARGV[9] or '')

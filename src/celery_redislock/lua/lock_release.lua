@@ -1,4 +1,3 @@
--- include: _lib
 -- Release a mutex in one round trip and hand it to the next live waiter.
 -- KEYS[1] lock key   KEYS[2] fence   KEYS[3..6] queue, meta, pmsg, inflight
 -- ARGV[1] owner token (or a token prefix when ARGV[3] == '1')
@@ -10,6 +9,17 @@
 -- Returns 1 when released, {1, now, pairs...} when released and parked tasks
 -- were granted (pairs: token, payload, to re-publish), {0} when the caller is
 -- not the holder (nothing changed).
+
+-- The common case first, before the helpers are defined: the caller's own
+-- lock, and nobody waiting or in flight.
+if ARGV[3] ~= '1' and redis.call('GET', KEYS[1]) == ARGV[1]
+    and redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+
+-- include: _lib
+
 local lock = KEYS[1]
 local holder = redis.call('GET', lock)
 if not holder then
