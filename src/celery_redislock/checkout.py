@@ -95,24 +95,45 @@ class Checkout:
             pass
 
 
+def _dead() -> None:
+    return None
+
+
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.checkouts: weakref.WeakKeyDictionary[Any, Checkout] = weakref.WeakKeyDictionary()
+        #: The pool asked for last and its checkout, both weakly (nearly every
+        #: call asks for the same one; WeakKeyDictionary.get makes a weakref).
+        self.last: tuple[Any, Any] = (_dead, _dead)
 
 
 _local = _Local()
 
 
+def _forget_after_fork() -> None:
+    # The parent's sockets are not the child's.  (A fork hook rather than a
+    # pid check per call: os.getpid() is a system call.)
+    global _local
+    _local = _Local()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def checkout(pool: Any, create: bool = True) -> Optional[Checkout]:
     """This thread's connection of ``pool``: created on first use unless ``create`` is False."""
     local = _local
-    if local.pid != os.getpid():  # forked: the parent's sockets are not ours
-        local.pid = os.getpid()
-        local.checkouts = weakref.WeakKeyDictionary()
+    last_pool, last = local.last
+    if last_pool() is pool:
+        held: Optional[Checkout] = last()
+        if held is not None:
+            return held
     held = local.checkouts.get(pool)
-    if held is None and create:
+    if held is None:
+        if not create:
+            return None
         held = local.checkouts[pool] = Checkout(pool)
+    local.last = (weakref.ref(pool), weakref.ref(held))
     return held
 
 

@@ -175,11 +175,19 @@ def from_conf(conf: Any) -> Settings:
 
 _lock = threading.Lock()
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
-_clients: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+#: (app, its settings, its client or None) asked for last, the app weakly:
+#: a worker asks for one app's, several times per task.
+_last: tuple[Any, Optional[Settings], Any] = (lambda: None, None, None)
 
 
 def settings_for(app: Any) -> Settings:
     """The validated settings of ``app``, built on first use."""
+    last_app, s, _ = _last
+    if last_app() is app and s is not None:
+        return s
     s = _settings.get(app)
     if s is None:
         with _lock:
@@ -191,25 +199,40 @@ def settings_for(app: Any) -> Settings:
 
 def client_for(app: Any) -> Any:
     """The lock client of ``app`` in this process, built on first use."""
-    pid = os.getpid()
-    entry = _clients.get(app)
-    if entry is None or entry[0] != pid:
-        s = settings_for(app)  # before taking _lock: settings_for takes it too
-        with _lock:
-            entry = _clients.get(app)
-            if entry is None or entry[0] != pid:
-                client = redis.Redis.from_url(
-                    s.url,
-                    socket_timeout=s.socket_timeout,
-                    socket_connect_timeout=min(s.socket_timeout, 5.0),
-                    health_check_interval=30,
-                )
-                entry = _clients[app] = (pid, client)
-    return entry[1]
+    global _last
+    last_app, _, client = _last
+    if last_app() is app and client is not None:
+        return client
+    s = settings_for(app)  # before taking _lock: settings_for takes it too
+    with _lock:
+        client = _clients.get(app)
+        if client is None:
+            client = _clients[app] = redis.Redis.from_url(
+                s.url,
+                socket_timeout=s.socket_timeout,
+                socket_connect_timeout=min(s.socket_timeout, 5.0),
+                health_check_interval=30,
+            )
+        _last = (weakref.ref(app), s, client)
+    return client
 
 
 def reset(app: Any) -> None:
     """Forget the cached settings and client of ``app`` (after changing app.conf)."""
+    global _last
     with _lock:
         _settings.pop(app, None)
         _clients.pop(app, None)
+        _last = (lambda: None, None, None)
+
+
+def _after_fork_in_child() -> None:
+    # A child builds its own client (the parent's sockets are not its own);
+    # a fork hook rather than a pid check per call: os.getpid() is a system call.
+    global _lock, _last
+    _lock = threading.Lock()
+    _clients.clear()
+    _last = (lambda: None, None, None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -288,7 +288,7 @@ def keeper() -> Keeper:
     """This process's keeper, created on first use and anew after fork."""
     global _keeper
     k = _keeper
-    if k is None or k.pid != os.getpid():
+    if k is None:  # (the fork hook below clears it in a child)
         with _keeper_lock:
             if _keeper is None or _keeper.pid != os.getpid():
                 _keeper = Keeper()

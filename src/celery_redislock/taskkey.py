@@ -43,11 +43,28 @@ _ENCODER = json.JSONEncoder(
 )
 
 
+#: How the encoder above writes a str (with ensure_ascii=False).
+_encode_str = json.encoder.encode_basestring
+
+
 def canonical(value: Any) -> str:
     """Deterministic compact JSON of ``value`` (raises TypeError when impossible).
 
     UUID, Decimal and date/time values become their plain string forms.
     """
+    if type(value) is list:
+        # The usual key, a few ints and strs, written the way the encoder
+        # would write them, without setting the encoder up for each call.
+        parts = []
+        for item in value:
+            kind = type(item)
+            if kind is int:
+                parts.append(int.__repr__(item))
+            elif kind is str:
+                parts.append(_encode_str(item))
+            else:
+                return _ENCODER.encode(value)
+        return "[" + ",".join(parts) + "]"
     return _ENCODER.encode(value)
 
 

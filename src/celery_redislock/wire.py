@@ -64,7 +64,10 @@ class KeyBlock:
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
-        self.packed = _arg(str(len(keys))) + b"".join([_arg(k) for k in keys])
+        count = str(len(keys)).encode()
+        self.packed = b"$%d\r\n%s\r\n" % (len(count), count) + b"".join(
+            [b"$%d\r\n%s\r\n" % (len(k), k) for k in [key.encode("utf-8") for key in keys]]
+        )
         #: (script sha, number of args) -> the command up to its first argument.
         self.heads: dict[tuple[str, int], bytes] = {}
 

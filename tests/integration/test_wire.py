@@ -7,6 +7,7 @@ to redis-py for clients it does not drive itself.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -152,3 +153,41 @@ def test_pools_of_redis_py_before_5_3_are_asked_with_a_command_name() -> None:
 
     assert checkout.borrow(OldPool()) == ("old", "EVALSHA")
     assert checkout.borrow(NewPool()) == ("new", None)
+
+
+def test_a_forked_child_opens_its_own_client_and_connection(redis_url: str) -> None:
+    from celery import Celery
+
+    from celery_redislock import config
+
+    app = Celery("fork-test", set_as_current=False)
+    app.conf.redislock_url = redis_url
+    parent_client = config.client_for(app)
+    lock = Lock(parent_client, "wire-fork", ttl=5.0)
+    with lock:  # the parent's hot-path connection is open
+        pass
+    held = checkout.checkout(parent_client.connection_pool)
+    assert held is not None
+    parent_conn = held.conn
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            child_held = checkout.checkout(parent_client.connection_pool)
+            child_lock = Lock(parent_client, "wire-fork", ttl=5.0)
+            ok = (
+                config.client_for(app) is not parent_client
+                and child_held is not None
+                and child_held.conn is not parent_conn
+                and child_lock.acquire(blocking=False)
+            )
+            child_lock.release()
+            os.write(write_end, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 1) == b"1"
+    assert config.client_for(app) is parent_client
+    assert checkout.checkout(parent_client.connection_pool) is held
+    with lock:  # the parent's connection was not disturbed
+        assert lock.fence == 3

@@ -145,6 +145,27 @@ def test_compact_and_sorted() -> None:
     assert canonical("é") == '"é"'
 
 
+def test_the_short_way_for_ints_and_strs_writes_what_the_encoder_writes() -> None:
+    import json
+
+    from celery_redislock import taskkey
+
+    samples: list[list[Any]] = [
+        [],
+        [0, -1, 2**70, -(2**70)],
+        ["", "x y", 'q"uo\\te', "ctl\x00\x1f\n\t", "é", "\u2028", "\ud800", "😀"],
+        [42, "user:{42}", 7],
+        [True, 1],  # bool is not int here: the encoder writes true
+        [1.5, "x"],
+        [None],
+        [[1], "x"],
+    ]
+    for value in samples:
+        assert canonical(value) == taskkey._ENCODER.encode(value), value
+        assert json.loads(canonical(value)) == value
+    assert canonical([True, 1]) == "[true,1]"
+
+
 def test_uuid_datetime_decimal_values_survive_the_message_round_trip() -> None:
     """The worker computes the key from the decoded message: it must match the sender's."""
     s = spec(["user_id", "amount", "currency"])
