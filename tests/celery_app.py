@@ -234,6 +234,19 @@ def lt_outcome(tag: str, kind: str, duration: float = 0.0, countdown: float = 0.
     return out
 
 
+class ForgetfulTask(LockedTask):
+    """Overrides after_return without calling super(): the release's reply is then
+    read at the child's next call to Redis instead (the lock is free either way)."""
+
+    def after_return(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+@app.task(name="lt.forgetful", base=ForgetfulTask, on_contention="fail", lock_key=["tag"])
+def lt_forgetful(tag: str):
+    return probe(tag, 0.0)
+
+
 @app.task(name="lt.probe_retry", base=LockedTask, on_contention="retry", lock_key=["tag"])
 def lt_probe_retry(tag: str, fail: bool = False, duration: float = 0.05):
     out = probe(tag, duration, fail=fail)
@@ -259,7 +272,7 @@ def lt_stubborn(job: str, tag: str, duration: float = 10.0):
 # Receivers: what the worker's signals saw, per lock name / task id, on db 3.
 
 #: Tasks whose task_postrun records whether their lock key still exists.
-POSTRUN_TASKS = {"lt.outcome", "lt.bound"}
+POSTRUN_TASKS = {"lt.outcome", "lt.bound", "lt.forgetful"}
 
 
 def _connect_receivers() -> None:

@@ -80,6 +80,23 @@ def test_lock_is_free_right_after_the_run(
     assert all(r["fence"] is not None and r["fence"] == r["hold_fence"] for r in ran)
 
 
+def test_an_after_return_that_skips_super_still_frees_the_lock(
+    worker: Worker, capp: ModuleType, rec: redis.Redis, locks: redis.Redis
+) -> None:
+    """The release is sent when the body ends; after_return only reads its reply.
+    A subclass that does not call super() leaves the reply to the child's next
+    call to Redis: every run still finds the lock free (policy "fail")."""
+    tag = uniq("forgetful")
+    for _ in range(6):
+        result = capp.lt_forgetful.delay(tag)
+        assert result.get(timeout=15)["fence"] is not None
+        (seen,) = postruns(rec, result.id)
+        assert seen["state"] == "SUCCESS" and seen["holder"] is None
+    assert not locks.exists(lock_key(capp.lt_forgetful, (tag,)))
+    fences = [r["fence"] for r in runs(rec, tag)]
+    assert len(fences) == 6 and fences == sorted(set(fences))
+
+
 def test_retried_run_does_not_find_its_own_lock_held(
     worker: Worker, capp: ModuleType, rec: redis.Redis, locks: redis.Redis
 ) -> None:
