@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -38,13 +40,37 @@ def check_seconds(value: object, what: str, *, allow_none: bool = False) -> floa
     return float(value)
 
 
+def is_seconds(value: object) -> bool:
+    """What :func:`check_seconds` accepts (not None), checked without building a message."""
+    return (type(value) is float or type(value) is int) and 0 < value < math.inf
+
+
 def to_ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+class _Process:
+    """This process's id and a random prefix for its tokens, renewed in a forked child."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self.pid = os.getpid()
+        self.salt = secrets.token_hex(8)
+        self.count = itertools.count()
+
+
+#: os.getpid() and os.urandom() are system calls; a token needs neither per call.
+process = _Process()
+os.register_at_fork(after_in_child=process.renew)
+
+
 def new_token(owner: str = "") -> str:
-    """An owner token: the caller's prefix (e.g. a task id) plus 80 random bits."""
-    return owner + secrets.token_hex(10)
+    """An owner token: the caller's prefix (e.g. a task id), then one that is unique
+    to this process and call (64 random bits drawn when the process starts, and a
+    counter)."""
+    return f"{owner}{process.salt}{next(process.count):x}"
 
 
 def call(op: str, key: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -31,7 +31,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 
 from . import resp
 
-__all__ = ["Checkout", "ReplyLost", "borrow", "checkout", "settle"]
+__all__ = ["Checkout", "ReplyLost", "borrow", "checkout", "settle", "settle_thread"]
 
 #: Receives a deferred command's reply (an error reply as an exception
 #: instance), or :class:`ReplyLost`.
@@ -45,16 +45,21 @@ class ReplyLost(ConnectionError):
 class Checkout:
     """A connection one thread keeps out of a pool; given back when dropped."""
 
-    __slots__ = ("__weakref__", "conn", "pending", "pid", "pool")
+    __slots__ = ("__weakref__", "conn", "listed", "pending", "pid", "pool")
 
     def __init__(self, pool: Any) -> None:
         self.pool = weakref.ref(pool)
         self.pid = os.getpid()
         self.conn = borrow(pool)
         self.pending: collections.deque[OnReply] = collections.deque()
+        #: Whether this thread's list of unsettled checkouts holds this one.
+        self.listed = False
 
     def defer(self, on_reply: OnReply) -> None:
         """The command just sent on ``conn`` gets its reply read later, into ``on_reply``."""
+        if not self.listed:
+            self.listed = True
+            _local.unsettled.append(self)
         self.pending.append(on_reply)
 
     def drain(self) -> None:
@@ -102,6 +107,8 @@ def _dead() -> None:
 class _Local(threading.local):
     def __init__(self) -> None:
         self.checkouts: weakref.WeakKeyDictionary[Any, Checkout] = weakref.WeakKeyDictionary()
+        #: Checkouts that may have replies to read (see settle_thread).
+        self.unsettled: list[Checkout] = []
         #: The pool asked for last and its checkout, both weakly (nearly every
         #: call asks for the same one; WeakKeyDictionary.get makes a weakref).
         self.last: tuple[Any, Any] = (_dead, _dead)
@@ -142,6 +149,16 @@ def settle(pool: Any) -> None:
     held = checkout(pool, create=False)
     if held is not None and held.pending:
         held.drain()
+
+
+def settle_thread() -> None:
+    """Read every deferred reply of this thread, on any pool."""
+    unsettled = _local.unsettled
+    while unsettled:
+        held = unsettled.pop()
+        held.listed = False
+        if held.pending:
+            held.drain()
 
 
 def borrow(pool: Any) -> Any:

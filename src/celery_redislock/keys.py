@@ -45,7 +45,7 @@ def tag(prefix: str, name: str) -> str:
         or "}" in name
         or name.startswith("#")
         or len(name) > MAX_PLAIN_NAME
-        or not _encodable(name)
+        or not (name.isascii() or _encodable(name))
     ):
         name = "#" + digest(name)
     return f"{prefix}:{{{name}}}"

@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from kombu import serialization
@@ -73,12 +74,17 @@ def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = 
     a sweeper within ``park_reserve + park_sweep_interval``.
     """
 
+    # Weakly: the primitive keeps this callback, and a cycle would leave both
+    # (and a task run's request) to the garbage collector.
+    prim_ref = weakref.ref(prim) if prim is not None else None
+
     def publish(parked: list[Parked]) -> None:
-        if prim is not None:
+        owner = prim_ref() if prim_ref is not None else None
+        if owner is not None:
             try:
-                register(prim, kind, int(prim.park_reserve * 1000) + 1)
+                register(owner, kind, int(owner.park_reserve * 1000) + 1)
             except Exception:
-                logger.exception("could not schedule recovery of %s %r", prim.kind, prim.name)
+                logger.exception("could not schedule recovery of %s %r", owner.kind, owner.name)
         fault("before-park-publish")
         for token, payload in parked:
             try:

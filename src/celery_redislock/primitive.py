@@ -75,28 +75,31 @@ class Primitive:
         on_parked: Optional[Callable[[list[Parked]], None]] = None,
         park_reserve: float = DEFAULT_PARK_RESERVE,
     ) -> None:
-        what = f"{self.kind} {name!r}"
+        seconds = _common.is_seconds
+        if not (
+            seconds(ttl)
+            and seconds(park_reserve)
+            and (timeout is None or seconds(timeout))
+            and (renew_interval is None or (seconds(renew_interval) and renew_interval < ttl))
+            and type(name) is str
+            and name
+            and type(prefix) is str
+            and prefix
+        ):
+            # The full checks, and their messages, only when the quick one fails
+            # (or for number subclasses): a task builds a lock per run.
+            self._check(name, ttl, timeout, renew_interval, park_reserve, prefix)
         self.client = client
-        self.name = _common.check_name(name, f"{self.kind} name")
-        self.ttl = float(_common.check_seconds(ttl, f"ttl of {what}") or 0)
-        self.timeout = _common.check_seconds(timeout, f"timeout of {what}", allow_none=True)
-        interval = _common.check_seconds(
-            renew_interval, f"renew_interval of {what}", allow_none=True
-        )
-        if interval is not None and interval >= self.ttl:
-            raise ConfigurationError(
-                f"renew_interval of {what} must be shorter than its ttl "
-                f"({self.ttl}), got {interval!r}"
-            )
-        self.renew_interval = interval if interval is not None else self.ttl / 3
+        self.name = name
+        self.ttl = float(ttl)
+        self.timeout = None if timeout is None else float(timeout)
+        self.renew_interval = float(renew_interval) if renew_interval is not None else ttl / 3
         self.renew = renew
         self.owner = owner
         self.on_lost = on_lost
         self.on_parked = on_parked
-        self.park_reserve = float(
-            _common.check_seconds(park_reserve, f"park_reserve of {what}") or 0
-        )
-        self.prefix = _common.check_name(prefix, "prefix")
+        self.park_reserve = float(park_reserve)
+        self.prefix = prefix
         #: Fencing token of the current hold, or None when not held.
         self.fence: Optional[int] = None
         #: True once renewal (or release) found that the lease ran out while held.
@@ -108,6 +111,30 @@ class Primitive:
         self.server_now_ms = 0
         self._token: Optional[str] = None
         self._block: Optional[wire.KeyBlock] = None
+
+    def _check(
+        self,
+        name: Any,
+        ttl: Any,
+        timeout: Any,
+        renew_interval: Any,
+        park_reserve: Any,
+        prefix: Any,
+    ) -> None:
+        """Raise ConfigurationError naming the first bad argument, if any."""
+        what = f"{self.kind} {name!r}"
+        _common.check_name(name, f"{self.kind} name")
+        ttl = _common.check_seconds(ttl, f"ttl of {what}")
+        _common.check_seconds(timeout, f"timeout of {what}", allow_none=True)
+        interval = _common.check_seconds(
+            renew_interval, f"renew_interval of {what}", allow_none=True
+        )
+        if interval is not None and interval >= ttl:
+            raise ConfigurationError(
+                f"renew_interval of {what} must be shorter than its ttl ({ttl}), got {interval!r}"
+            )
+        _common.check_seconds(park_reserve, f"park_reserve of {what}")
+        _common.check_name(prefix, "prefix")
 
     # -- what subclasses provide ---------------------------------------------
 

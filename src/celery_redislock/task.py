@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -253,6 +252,11 @@ class LockedTask(Task):  # type: ignore[misc]
         except BaseException:
             hold.release()  # the tracer lets these through: no after_return
             raise
+        finally:
+            # The hold keeps the request (for its signals); the request need
+            # not keep the hold once the body is over, and a cycle between them
+            # would leave both to the garbage collector.
+            request.redislock = None
         # Sent now, read once the result is stored (after_return): the lock is
         # free at once, and this process does not wait for Redis to say so.
         hold.release(soon=True)
@@ -273,9 +277,7 @@ class LockedTask(Task):  # type: ignore[misc]
         # release's reply has arrived by now.  Subclasses overriding
         # after_return call super(), or the reply waits for this thread's next
         # call to Redis (the lock itself is released either way).
-        hold = getattr(self.request, "redislock", None)
-        if isinstance(hold, Hold):
-            hold.settle()
+        wire.settle()  # this thread's deferred replies, whichever client
         super().after_return(status, retval, task_id, args, kwargs, einfo)
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
@@ -318,7 +320,7 @@ class LockedTask(Task):  # type: ignore[misc]
         signals.connect()
         name, kind = self.lock_target_for(args, kwargs)
         prim = self._redislock_primitive(
-            name, kind, owner_prefix(request.id, request.hostname, os.getpid())
+            name, kind, owner_prefix(request.id, request.hostname, _common.process.pid)
         )
         policy = effective_policy(self.lock_option("on_contention"), bool(request.is_eager))
         try:

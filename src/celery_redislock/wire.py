@@ -44,7 +44,7 @@ from redis.connection import (
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
 from . import resp
-from .checkout import borrow, checkout
+from .checkout import borrow, checkout, settle_thread
 from .checkout import settle as checkout_settle
 
 __all__ = ["KeyBlock", "blpop", "evalsha", "evalsha_soon", "settle"]
@@ -130,8 +130,12 @@ def evalsha_soon(
     return True
 
 
-def settle(client: Any) -> None:
-    """Read this thread's deferred replies on ``client`` now (see :func:`evalsha_soon`)."""
+def settle(client: Any = None) -> None:
+    """Read this thread's deferred replies on ``client`` now (see :func:`evalsha_soon`);
+    on every client when None."""
+    if client is None:
+        settle_thread()
+        return
     pool = _pool_of(client)
     if pool is not None:
         checkout_settle(pool)

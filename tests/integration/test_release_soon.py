@@ -178,3 +178,23 @@ def test_a_thread_never_hands_on_a_connection_with_a_reply_unread(
     assert got == []
     assert client.ping()
     assert not r.exists("redislock:{soon-thread}:lock")
+
+
+def test_settle_without_a_client_reads_every_deferred_reply_of_the_thread(
+    r: redis.Redis, redis_url: str
+) -> None:
+    (_, first), (_, second) = held_lock(redis_url, "soon-x"), held_lock(redis_url, "soon-y")
+    got, done = outcomes()
+    first.release_soon(done)
+    second.release_soon(done)
+    assert got == []
+    wire.settle()  # what LockedTask.after_return does
+    assert got == [None, None]
+    for _ in range(50):  # replies read by the next command leave no trace behind
+        assert first.acquire()
+        first.release_soon(done)
+    assert first.acquire()
+    first.release()
+    assert len(checkout._local.unsettled) <= 2
+    wire.settle()
+    assert got == [None] * 52 and not checkout._local.unsettled
