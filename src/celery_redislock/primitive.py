@@ -366,9 +366,11 @@ class Primitive:
                     self.client.script_load(script.script)
                     reply = self._script("release", self.RELEASE, args)
                 elif isinstance(reply, checkout.ReplyLost):
-                    raise BackendUnavailable(
-                        f"Redis unreachable during release of {self.key!r}: {reply}"
-                    ) from reply
+                    # Sent, then the connection broke: it may not have run.
+                    # Send it again on a fresh connection, as release() does
+                    # on a connection found closed (if it had run, this one
+                    # finds the lock gone and reports it lost).
+                    reply = self._script("release", self.RELEASE, args)
                 elif isinstance(reply, Exception):
                     raise reply
                 self._released(reply, fence)

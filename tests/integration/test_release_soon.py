@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import redis
 
-from celery_redislock import BackendUnavailable, Lock, LockLost, checkout, wire
+from celery_redislock import Lock, LockLost, checkout, wire
 from tests.helpers import counting_client, wait_until
 
 
@@ -118,7 +118,38 @@ def test_a_lease_that_ran_out_is_reported_as_lost(r: redis.Redis, redis_url: str
     other.release()
 
 
-def test_a_reply_lost_with_the_connection_is_reported(r: redis.Redis, redis_url: str) -> None:
+def test_a_release_that_never_ran_is_sent_again(r: redis.Redis, redis_url: str) -> None:
+    """The connection breaks after the release was sent but before Redis ran it
+    (here: Redis is paused for writes, and the connection is killed meanwhile).
+    Reading the reply fails; the release goes out again on a fresh connection."""
+    client, lock = held_lock(redis_url, "soon-unsent")
+    # The id of this thread's hot-path connection, asked on that connection.
+    own_id = wire._roundtrip(client.connection_pool, b"*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n")
+    held = checkout.checkout(client.connection_pool)
+    assert held is not None
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+    got, done = outcomes()
+    lock.release_soon(done)  # queued behind the pause
+    wait_until(
+        lambda: any(c["id"] == str(own_id) and c["cmd"] == "evalsha" for c in admin.client_list()),
+        2,
+        what="the release to reach Redis",
+    )
+    assert r.exists(lock.key)  # not run yet
+    assert admin.client_kill_filter(_id=own_id) == 1
+    wire.settle(client)
+    assert got == [None]  # released by the second send, after the pause
+    assert not r.exists(lock.key)
+    assert held.conn._sock is not None  # the fresh connection, kept for next time
+
+
+def test_a_reply_lost_after_the_release_ran_is_reported_as_lost(
+    r: redis.Redis, redis_url: str
+) -> None:
+    """Whether a command whose reply was lost ran cannot be known: the release is
+    sent again, finds the lock gone (it had run), and says the lock was lost,
+    as release() does after a connection breaks mid-call."""
     client, lock = held_lock(redis_url, "soon-broken")
     held = checkout.checkout(client.connection_pool)
     assert held is not None
@@ -127,9 +158,9 @@ def test_a_reply_lost_with_the_connection_is_reported(r: redis.Redis, redis_url:
     wait_until(lambda: not r.exists(lock.key), 2, what="the release to take effect")
     held.conn._sock.close()  # the reply can no longer be read
     wire.settle(client)
-    assert len(got) == 1 and isinstance(got[0], BackendUnavailable)
-    assert held.conn._sock is None  # disconnected, so nothing stale is read later
-    assert lock.acquire()  # a fresh connection
+    assert len(got) == 1 and isinstance(got[0], LockLost)
+    assert not r.exists(lock.key)  # nothing else was touched
+    assert lock.acquire()
     lock.release()
 
 
