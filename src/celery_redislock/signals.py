@@ -39,6 +39,12 @@ def _on_lease_lost(lease: Any, reason: str) -> None:
     lock_lost.send(sender=getattr(lease, "task", None), key=lease.key, reason=reason, lock=lease)
 
 
+_connected = False
+
+
 def connect() -> None:
     """Hook the renewal keeper's lost-lease reports to ``lock_lost`` (idempotent)."""
-    renewal.add_lost_listener(_on_lease_lost)
+    global _connected
+    if not _connected:
+        renewal.add_lost_listener(_on_lease_lost)
+        _connected = True

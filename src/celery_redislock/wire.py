@@ -107,8 +107,7 @@ def evalsha_soon(
     (the caller then makes an ordinary call).
     """
     pool = _pool_of(client)
-    blocking: Any = BlockingConnectionPool
-    if pool is None or isinstance(pool, blocking):
+    if pool is None or _is_blocking(pool):
         return False
     held: Any = checkout(pool)
     if held.pending:
@@ -168,6 +167,20 @@ def _arg(value: Any) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
+def _is_blocking(pool: Any) -> bool:
+    """Whether ``pool`` is a BlockingConnectionPool (by type, once: isinstance on
+    redis-py's pool classes goes through abc)."""
+    kind = type(pool)
+    known = _BLOCKING.get(kind)
+    if known is None:
+        blocking: Any = BlockingConnectionPool  # untyped in redis-py
+        known = _BLOCKING[kind] = issubclass(kind, blocking)
+    return known
+
+
+_BLOCKING: dict[type, bool] = {}
+
+
 def _pool_of(client: Any) -> Any:
     """The pool to borrow a connection from, or None: use redis-py's own path."""
     if getattr(client, "connection", True) is not None:
@@ -179,8 +192,7 @@ def _pool_of(client: Any) -> Any:
 
 
 def _roundtrip(pool: Any, packed: bytes) -> Any:
-    blocking: Any = BlockingConnectionPool  # untyped in redis-py
-    if isinstance(pool, blocking):
+    if _is_blocking(pool):
         conn = borrow(pool)
         try:
             return _send_and_read(conn, packed)
