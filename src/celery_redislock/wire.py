@@ -21,9 +21,10 @@ Plain TCP, TLS and unix-socket connections are written and read here
 directly (:mod:`resp`); other connection classes (Sentinel's, client-side
 caching's) may act on replies, so they keep redis-py's reader.
 
-Connections are made by the client's own connection class and retried
-by its retry policy, and NOSCRIPT is answered by
-loading the script and sending again, as redis-py does.  A client this does
+Connections are made by the client's own connection class; a call that
+finds its connection broken goes again on a fresh one under the client's
+retry policy, and NOSCRIPT is answered by loading the script and sending
+again, as redis-py does.  A client this does
 not know how to drive (Redis Cluster, a single-connection client, anything
 without a connection pool, an encoding other than UTF-8) takes redis-py's
 normal path instead.
