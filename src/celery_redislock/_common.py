@@ -78,7 +78,12 @@ def call(op: str, key: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> 
     try:
         return fn(*args, **kwargs)
     except UNREACHABLE as exc:
-        raise BackendUnavailable(f"Redis unreachable during {op} of {key!r}: {exc}") from exc
+        raise unreachable(op, key, exc) from exc
+
+
+def unreachable(op: str, key: str, exc: BaseException) -> BackendUnavailable:
+    """The error :func:`call` raises when Redis could not be reached."""
+    return BackendUnavailable(f"Redis unreachable during {op} of {key!r}: {exc}")
 
 
 def block_cap(client: Any) -> float | None:

@@ -153,15 +153,16 @@ class Primitive:
 
     def _script(self, op: str, script: str, args: list[Any]) -> Any:
         """Run one of the primitive's scripts on its keys: one round trip."""
+        try:
+            return wire.evalsha(self.client, scripts.get(script), self._keyblock(), args)
+        except UNREACHABLE as exc:
+            raise _common.unreachable(op, self.key, exc) from exc
+
+    def _keyblock(self) -> wire.KeyBlock:
         block = self._block
         if block is None:
             block = self._block = wire.KeyBlock(self.script_keys)
-        try:
-            return wire.evalsha(self.client, scripts.get(script), block, args)
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(
-                f"Redis unreachable during {op} of {self.key!r}: {exc}"
-            ) from exc
+        return block
 
     def _extra_args(self) -> list[Any]:
         """ARGV after the common ones of the acquire script."""
@@ -379,10 +380,7 @@ class Primitive:
             else:
                 done(None)
 
-        block = self._block
-        if block is None:
-            block = self._block = wire.KeyBlock(self.script_keys)
-        if wire.evalsha_soon(self.client, script, block, args, on_reply):
+        if wire.evalsha_soon(self.client, script, self._keyblock(), args, on_reply):
             return
         try:
             reply = self._script("release", self.RELEASE, args)

@@ -72,8 +72,8 @@ class Hold:
         """Release the hold (once; later calls do nothing).
 
         ``soon``: send the release without waiting for Redis's reply, which
-        :meth:`settle` (or this thread's next call to Redis) reads; the
-        ``lock_released`` or ``lock_lost`` signal is sent then.
+        :func:`celery_redislock.wire.settle` (or this thread's next call to
+        Redis) reads; the ``lock_released`` or ``lock_lost`` signal is sent then.
         """
         if self.released:
             return
@@ -87,10 +87,6 @@ class Hold:
             self._outcome(exc)
         else:
             self._outcome(None)
-
-    def settle(self) -> None:
-        """Read the reply of a release sent with ``soon`` (nothing when there is none)."""
-        wire.settle(self.lock.client)
 
     def _outcome(self, exc: Optional[Exception]) -> None:
         if isinstance(exc, LockError):
