@@ -9,7 +9,7 @@ that do not count against Celery's own ``max_retries``, ``wait`` without any.
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from types import ModuleType
 from typing import Any
 
@@ -32,13 +32,13 @@ pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 N = 20
 DURATION = 0.3
-#: The skip test's body runs longer than DURATION.  On a 2-core machine the
-#: worker's main process takes in the 19 duplicates one by one (10-15 ms each
-#: while three children skip, 0.2-0.35 s in all, up to 0.55 s when other
-#: processes load the machine), so at 0.3 s the last of them arrived after the
-#: holder had finished in about one run out of six, and ran as a new,
-#: legitimate holder.  The margin is reported as last_skip_before_holder_end_s.
-SKIP_DURATION = 1.0
+#: The skip test's twenty submissions share one ETA this far ahead, so the
+#: worker holds them all and hands them to the pool together.  Sent one by one
+#: with no ETA, they reach a 2-core machine's worker main process one at a
+#: time (10-15 ms each under load), and a late one can legitimately find the
+#: 0.3 s holder gone and run as a new holder.  The margin is reported as
+#: last_skip_before_holder_end_s.
+BURST_ETA = 1.0
 
 
 worker = worker_fixture("policies", extra=["--prefetch-multiplier", "10"])
@@ -59,26 +59,45 @@ def retry_signals(rec: redis.Redis, ids: set[str]) -> list[dict[str, Any]]:
     return [s for s in listed(rec, "retry_signals") if s["id"] in ids]
 
 
+def _skip_burst(capp: ModuleType, rec: redis.Redis) -> tuple[Any, ...]:
+    """Twenty same-key skip runs released together; (tag, job, results, ran, values,
+    errors, seconds from the burst until nineteen had answered)."""
+    tag, job = uniq("skip"), uniq("job")
+    eta = datetime.now(timezone.utc) + timedelta(seconds=BURST_ETA)
+    results = [capp.lt_skip.apply_async((job, tag, DURATION), eta=eta) for _ in range(N)]
+    # The nineteen duplicates answer while the holder still runs: get() does not hang.
+    wait_until(lambda: sum(r.ready() for r in results) >= N - 1, timeout=10, what="skips")
+    answered = (datetime.now(timezone.utc) - eta).total_seconds()
+    values, errors = collect(results, timeout=10)
+    ran = runs(rec, tag)
+    # Whatever the timing: no two bodies at once, and every run ran or was skipped.
+    assert_no_overlap(ran)
+    assert len(values) == len(ran) and len(values) + len(errors) == N, (values, errors)
+    assert all(isinstance(e, TaskSkipped) for e in errors), errors
+    return tag, job, results, ran, values, errors, answered
+
+
 def test_skip_runs_one_and_skips_the_rest_promptly(
     worker: Worker, capp: ModuleType, rec: redis.Redis, locks: redis.Redis
 ) -> None:
-    tag, job = uniq("skip"), uniq("job")
-    t0 = time.monotonic()
-    results = [capp.lt_skip.delay(job, tag, SKIP_DURATION) for _ in range(N)]
-    # The nineteen duplicates answer while the holder still runs: get() does not hang.
-    wait_until(lambda: sum(r.ready() for r in results) >= N - 1, timeout=5, what="skips")
-    skips_answered = time.monotonic() - t0
-    values, errors = collect(results, timeout=10)
-
-    ran = runs(rec, tag)
+    # Warm every pool child first (connections, scripts): overlapping runs on
+    # distinct keys spread over all four.
+    collect([capp.lt_skip.delay(uniq("warm"), uniq("warm"), 0.05) for _ in range(8)])
+    for attempt in range(1, 4):
+        tag, job, results, ran, values, errors, skips_answered = _skip_burst(capp, rec)
+        if attempt == 3 or (len(ran) == 1 and skips_answered < DURATION):
+            break
+        # The machine was too slow for the scenario: a duplicate arrived after
+        # the holder had finished and became the next holder (legitimately; no
+        # overlap, checked above), or the skips took longer than the body.
+        # Release the burst again.
     assert len(ran) == 1, ran
     assert len(values) == 1 and len(errors) == N - 1, errors
     holder = ran[0]["id"]
     assert values[0]["id"] == holder
-    assert all(isinstance(e, TaskSkipped) for e in errors), errors
     assert {e.holder for e in errors} == {holder}
     assert all(holder in str(e) for e in errors)
-    assert skips_answered < SKIP_DURATION, skips_answered
+    assert skips_answered < DURATION, skips_answered
 
     skipped = [r.id for r in results if r.id != holder]
     done = []
@@ -108,6 +127,7 @@ def test_skip_runs_one_and_skips_the_rest_promptly(
         skipped=len(errors),
         skips_answered_in_s=skips_answered,
         last_skip_before_holder_end_s=margin,
+        attempts=attempt,
     )
 
 
