@@ -97,7 +97,7 @@ def start_server() -> Any:
 class Worker:
     """``celery -A bench_app worker -P prefork -c 4``; ``stop()`` sends SIGTERM then SIGKILL."""
 
-    def __init__(self, base_url: str, prefetch: int) -> None:
+    def __init__(self, base_url: str, prefetch: int, app: str = "bench_app") -> None:
         self.log = Path(tempfile.mkstemp(prefix="redislock-bench-worker-", suffix=".log")[1])
         env = dict(
             os.environ,
@@ -112,7 +112,7 @@ class Worker:
             ),
         )
         cmd = [
-            sys.executable, "-m", "celery", "-A", "bench_app", "worker",
+            sys.executable, "-m", "celery", "-A", app, "worker",
             "-P", "prefork", "-c", str(CONCURRENCY), "-n", "bench@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-l", "WARNING",
