@@ -29,17 +29,19 @@ from typing import Any, Optional
 
 import redis
 
-from celery_redislock import scripts
+from celery_redislock import checkout, scripts
 
 __all__ = [
     "Attempt",
     "Command",
+    "CountingSocket",
     "CountingConnection",
     "Interval",
     "RoundTrips",
     "TcpProxy",
     "assert_no_overlap",
     "blocked_clients",
+    "counted",
     "counting_client",
     "fork_context",
     "forking",
@@ -404,3 +406,34 @@ def report(label: str, **values: Any) -> None:
     if path:
         with Path(path).open("a") as f:
             f.write(json.dumps({"name": label, **values}) + "\n")
+
+
+class CountingSocket:
+    """Wraps a connection's socket, counting what the hot path sends and reads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sends = 0
+        self.recvs = 0
+        self.sent: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.sends += 1
+        self.sent.append(bytes(data))
+        self.sock.sendall(data)
+
+    def recv(self, size: int) -> bytes:
+        self.recvs += 1
+        return self.sock.recv(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def counted(client: redis.Redis) -> tuple[Any, CountingSocket]:
+    """This thread's hot-path connection of ``client``, its socket counted."""
+    held = checkout.checkout(client.connection_pool)
+    assert held is not None
+    counter = CountingSocket(held.conn._sock)
+    held.conn._sock = counter
+    return held, counter

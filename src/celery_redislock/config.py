@@ -51,6 +51,10 @@ class Settings:
     park_reserve: seconds a parked task granted the lock may take to start
         before it is re-published (crash recovery of a lost hand-over).
     park_sweep_interval: seconds between recovery sweeps of parked queues.
+    release_with_result: when a run's result goes to a Redis result backend
+        on the lock store's server, release the lock in the transaction that
+        stores the result (no round trip of its own; see fold.py).  False:
+        release as the body ends, on the lock client.
     """
 
     url: str = DEFAULT_URL
@@ -68,6 +72,7 @@ class Settings:
     semaphores: dict[str, int] = field(default_factory=dict)
     park_reserve: float = 10.0
     park_sweep_interval: float = 1.0
+    release_with_result: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -121,6 +126,9 @@ def validate(name: str, value: Any, where: str) -> None:
     elif name in ("url", "key_prefix"):
         if not isinstance(value, str) or not value:
             raise ConfigurationError(f"{where} must be a non-empty str, got {value!r}")
+    elif name == "release_with_result":
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"{where} must be True or False, got {value!r}")
     elif name == "semaphores":
         if not isinstance(value, dict):
             raise ConfigurationError(f"{where} must be a dict of name -> limit, got {value!r}")

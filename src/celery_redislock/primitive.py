@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, cast
 
 from redis.exceptions import NoScriptError
 
@@ -354,8 +354,33 @@ class Primitive:
         Redis on this client, or at :func:`celery_redislock.wire.settle`.
         ``done`` then gets None, or the error :meth:`release` would have
         raised (LockLost, BackendUnavailable, ...).  Where the reply cannot
-        be deferred (see :func:`wire.evalsha_soon`), this is :meth:`release`
+        be deferred (see :func:`wire.send_soon`), this is :meth:`release`
         followed by ``done``.  Still one round trip.
+        """
+        token, fence = self._token, self.fence
+        packed, on_reply = self.release_packed(done)  # LockNotOwned unless held
+        token = cast(str, token)
+        if wire.send_soon(self.client, packed, on_reply):
+            return
+        try:
+            reply = self._script("release", self.RELEASE, self._release_args(token))
+        except Exception as exc:
+            if isinstance(exc, BackendUnavailable):
+                self._token, self.fence = token, fence  # as release() leaves it
+            done(exc)
+            return
+        on_reply(reply)
+
+    def release_packed(
+        self, done: Callable[[Optional[Exception]], None]
+    ) -> tuple[bytes, Callable[[Any], None]]:
+        """Begin a release whose command the caller sends, in a batch of its own.
+
+        Returns the release's command, packed, and the callback its reply must
+        go to: the reply itself (an error reply as an exception instance), or
+        :class:`checkout.ReplyLost` when it may not have run, in which case the
+        callback sends it again.  ``done`` gets what :meth:`release_soon`'s
+        would.  The lock is no longer renewed from here on.
         """
         token, fence = self._release_begin()
         args = self._release_args(token)
@@ -380,16 +405,7 @@ class Primitive:
             else:
                 done(None)
 
-        if wire.evalsha_soon(self.client, script, self._keyblock(), args, on_reply):
-            return
-        try:
-            reply = self._script("release", self.RELEASE, args)
-        except Exception as exc:
-            if isinstance(exc, BackendUnavailable):
-                self._token, self.fence = token, fence  # as release() leaves it
-            done(exc)
-            return
-        on_reply(reply)
+        return wire.pack_evalsha(script, self._keyblock(), args), on_reply
 
     def _release_begin(self) -> tuple[str, Optional[int]]:
         token = self._token

@@ -24,7 +24,7 @@ try:  # the parser's own error table (NOSCRIPT, READONLY, ...), where it exists
 except ImportError:  # pragma: no cover - other redis-py layouts
     _parse_error = ResponseError
 
-__all__ = ["Push", "read_reply"]
+__all__ = ["Push", "read_replies", "read_reply"]
 
 _CHUNK = 65536
 
@@ -118,3 +118,22 @@ def read_reply(sock: socket.socket) -> Any:
             data = _recv(sock)
             continue
         return reply
+
+
+def read_replies(sock: socket.socket, count: int) -> list[Any]:
+    """The replies of the ``count`` commands just sent on ``sock`` together, in order."""
+    data = _recv(sock)
+    pos = 0
+    replies: list[Any] = []
+    while len(replies) < count:
+        try:
+            reply, end = _parse(data, pos)
+        except _Incomplete:
+            data += _recv(sock)
+            continue
+        pos = end
+        if not isinstance(reply, Push):
+            replies.append(reply)
+    if pos != len(data):
+        raise ConnectionError("protocol error: more data than the replies")
+    return replies

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
-from . import _common, config, contention, guards, park, signals, wire
+from . import _common, config, contention, fold, guards, park, signals, wire
 from .exceptions import BackendUnavailable, ConfigurationError, LockError
 from .policy import effective_policy, owner_prefix
 from .primitive import Primitive
@@ -87,6 +87,14 @@ class Hold:
             self._outcome(exc)
         else:
             self._outcome(None)
+
+    def release_packed(self) -> Optional[tuple[bytes, Any]]:
+        """Begin the release for a caller that sends it in its own batch (see
+        :meth:`Primitive.release_packed`); None when already released."""
+        if self.released:
+            return None
+        self.released = True
+        return self.lock.release_packed(self._outcome)
 
     def _outcome(self, exc: Optional[Exception]) -> None:
         if isinstance(exc, LockError):
@@ -253,9 +261,10 @@ class LockedTask(Task):  # type: ignore[misc]
             # not keep the hold once the body is over, and a cycle between them
             # would leave both to the garbage collector.
             request.redislock = None
-        # Sent now, read once the result is stored (after_return): the lock is
-        # free at once, and this process does not wait for Redis to say so.
-        hold.release(soon=True)
+        if not fold.offer(self, request, hold):
+            # Sent now, read once the result is stored (after_return): the lock
+            # is free at once, and this process does not wait for Redis to say so.
+            hold.release(soon=True)
         return result
 
     def _redislock_body(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -273,6 +282,7 @@ class LockedTask(Task):  # type: ignore[misc]
         # release's reply has arrived by now.  Subclasses overriding
         # after_return call super(), or the reply waits for this thread's next
         # call to Redis (the lock itself is released either way).
+        fold.flush()  # a release left to a result store that did not happen
         wire.settle()  # this thread's deferred replies, whichever client
         super().after_return(status, retval, task_id, args, kwargs, einfo)
 

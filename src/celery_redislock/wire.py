@@ -13,7 +13,7 @@ Each thread keeps one connection of each pool it uses checked out
 (:mod:`checkout`).  Nothing can be left unread on it by accident: an error
 or an interruption (a soft time limit, say) between sending and reading
 disconnects it, as redis-py does inside its own reads.  A reply can be left
-to read later on purpose (:func:`evalsha_soon`); it is then read before
+to read later on purpose (:func:`send_soon`); it is then read before
 anything else is sent on that connection.  A ``BlockingConnectionPool`` has
 a hard size, so it is borrowed from and given back on every call instead.
 
@@ -48,7 +48,7 @@ from . import resp
 from .checkout import borrow, checkout, settle_thread
 from .checkout import settle as checkout_settle
 
-__all__ = ["KeyBlock", "blpop", "evalsha", "evalsha_soon", "settle"]
+__all__ = ["KeyBlock", "blpop", "evalsha", "pack_evalsha", "raw_pool", "send_soon", "settle"]
 
 #: Connection classes whose I/O is the socket itself, read and written here
 #: directly (:func:`_raw_send_and_read`).  Subclasses (Sentinel's, client-side
@@ -87,7 +87,7 @@ def evalsha(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> An
     pool = _pool_of(client)
     if pool is None:
         return script(keys=block.keys, args=args, client=client)
-    packed = block.head(script.sha, len(args)) + b"".join([_arg(a) for a in args])
+    packed = pack_evalsha(script, block, args)
     try:
         return _roundtrip(pool, packed)
     except NoScriptError:
@@ -96,10 +96,13 @@ def evalsha(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> An
         return _roundtrip(pool, packed)
 
 
-def evalsha_soon(
-    client: Any, script: Script, block: KeyBlock, args: list[Any], on_reply: Callable[[Any], None]
-) -> bool:
-    """Send ``script`` now and leave its reply to be read later, into ``on_reply``.
+def pack_evalsha(script: Script, block: KeyBlock, args: list[Any]) -> bytes:
+    """``script`` on ``block.keys`` with ``args``, as the bytes sent to Redis."""
+    return block.head(script.sha, len(args)) + b"".join([_arg(a) for a in args])
+
+
+def send_soon(client: Any, packed: bytes, on_reply: Callable[[Any], None]) -> bool:
+    """Send the command ``packed`` now and leave its reply to be read later, into ``on_reply``.
 
     The reply is read before this thread next sends anything on the same
     connection, or at :func:`settle`; ``on_reply`` gets it (an error reply as
@@ -117,7 +120,6 @@ def evalsha_soon(
     sock = conn._sock
     if type(conn) not in _RAW_CLASSES or sock is None:
         return False
-    packed = block.head(script.sha, len(args)) + b"".join([_arg(a) for a in args])
     try:
         sock.sendall(packed)
     except OSError:
@@ -130,8 +132,18 @@ def evalsha_soon(
     return True
 
 
+def raw_pool(client: Any) -> Any:
+    """The connection pool of ``client`` when this module writes and reads its
+    connections itself (plain TCP, TLS or unix socket; not a blocking pool),
+    else None."""
+    pool = _pool_of(client)
+    if pool is None or _is_blocking(pool) or pool.connection_class not in _RAW_CLASSES:
+        return None
+    return pool
+
+
 def settle(client: Any = None) -> None:
-    """Read this thread's deferred replies on ``client`` now (see :func:`evalsha_soon`);
+    """Read this thread's deferred replies on ``client`` now (see :func:`send_soon`);
     on every client when None."""
     if client is None:
         settle_thread()

@@ -18,36 +18,7 @@ from typing import Any, Optional
 import redis
 
 from celery_redislock import Lock, LockLost, checkout, wire
-from tests.helpers import counting_client, wait_until
-
-
-class CountingSocket:
-    """Wraps a connection's socket, counting what the hot path sends and reads."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sends = 0
-        self.recvs = 0
-
-    def sendall(self, data: bytes) -> None:
-        self.sends += 1
-        self.sock.sendall(data)
-
-    def recv(self, size: int) -> bytes:
-        self.recvs += 1
-        return self.sock.recv(size)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sock, name)
-
-
-def counted(client: redis.Redis) -> tuple[Any, CountingSocket]:
-    """This thread's hot-path connection of ``client``, its socket counted."""
-    held = checkout.checkout(client.connection_pool)
-    assert held is not None
-    counter = CountingSocket(held.conn._sock)
-    held.conn._sock = counter
-    return held, counter
+from tests.helpers import counted, counting_client, wait_until
 
 
 def held_lock(redis_url: str, name: str) -> tuple[redis.Redis, Lock]:

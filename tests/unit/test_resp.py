@@ -103,3 +103,26 @@ def test_anything_after_the_reply_is_a_protocol_error() -> None:
         read(b":1\r\n:2\r\n")
     with pytest.raises(ConnectionError, match="unexpected reply type"):
         read(b"?what\r\n")
+
+
+def test_several_replies_read_in_order_across_chunks() -> None:
+    sock = Chunks(b"+OK\r\n+QUEUED\r\n+QUE", b"UED\r\n*2\r\n:1\r\n$2\r\nok\r\n")
+    got = resp.read_replies(sock, 4)  # type: ignore[arg-type]
+    assert got == [b"OK", b"QUEUED", b"QUEUED", [1, b"ok"]]
+    assert sock.calls == 2
+
+
+def test_several_replies_skip_pushes_and_keep_errors_as_values() -> None:
+    sock = Chunks(b">2\r\n$7\r\nmessage\r\n$1\r\nx\r\n+OK\r\n", b"-NOSCRIPT gone\r\n")
+    first, second = resp.read_replies(sock, 2)  # type: ignore[arg-type]
+    assert first == b"OK" and isinstance(second, NoScriptError)
+
+
+def test_more_data_than_the_replies_is_a_protocol_error() -> None:
+    with pytest.raises(ConnectionError, match="more data"):
+        resp.read_replies(Chunks(b"+OK\r\n+OK\r\n+OK\r\n"), 2)  # type: ignore[arg-type]
+
+
+def test_a_connection_closed_between_replies_is_reported() -> None:
+    with pytest.raises(ConnectionError, match="closed"):
+        resp.read_replies(Chunks(b"+OK\r\n"), 2)  # type: ignore[arg-type]
