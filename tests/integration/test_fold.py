@@ -10,7 +10,6 @@ runs the fold must not touch release as the body ends, as before.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -18,14 +17,15 @@ from typing import Any, Optional
 import pytest
 import redis
 from celery import Celery
+from celery.app.task import Context
 from celery.app.trace import build_tracer
 
-from celery_redislock import LockedTask, checkout, config, keys, renewal, signals
+from celery_redislock import Lock, LockedTask, checkout, config, fold, keys, renewal, signals
+from celery_redislock.task import Hold
 from tests.helpers import CountingSocket, counted
 from tests.redis_server import RedisServer
 
 FLUSH = "flush scripts"
-SPOIL = "spoil the result key"
 EARLIER = "an earlier delivery succeeded"
 
 
@@ -42,9 +42,6 @@ def make_app(base: str, result_base: Optional[str] = None, *, result_db: int = 2
     def work(n: int, action: Optional[str] = None) -> Any:
         if action == FLUSH:
             redis.Redis.from_url(f"{base}/0").script_flush()
-        elif action == SPOIL:
-            backend = app.backend
-            backend.client.set(backend.get_key_for_task(work.request.id), b"\x00 not a result")
         elif action == EARLIER:
             app.backend.store_result(work.request.id, "earlier", "SUCCESS")
         elif action == "unencodable":
@@ -121,11 +118,11 @@ def test_the_release_goes_in_the_transaction_that_stores_the_result(
     signalled["released"].clear()
     task_id = run(work, 1)
     assert (sockets.lock.sends, sockets.lock.recvs) == (1, 1)  # the acquire, nothing else
-    assert sockets.store.sends == 1  # MULTI [SELECT] EVALSHA [SELECT] SETEX PUBLISH EXEC
+    # MULTI [SELECT] EVALSHA lock_release [SELECT] EVALSHA result_store EXEC
+    assert sockets.store.sends == 1
     sent = sockets.store.sent[0]
     assert sent.startswith(b"*1\r\n$5\r\nMULTI\r\n") and sent.endswith(b"$4\r\nEXEC\r\n")
-    assert sent.index(b"EVALSHA") < sent.index(b"SETEX") < sent.index(b"PUBLISH")
-    assert (b"SELECT" in sent) == (result_db != 0)
+    assert sent.count(b"EVALSHA") == 2 and sent.count(b"SELECT") == (2 if result_db else 0)
     assert stored(work, task_id)["status"] == "SUCCESS" and stored(work, task_id)["result"] == 1
     assert not lock_store(base).exists(lock_key(work, 1))
     assert len(signalled["released"]) == 1 and signalled["lost"] == []
@@ -215,33 +212,57 @@ def test_a_result_that_cannot_be_encoded_fails_and_still_releases_once(
     assert len(signalled["released"]) == 1 and signalled["lost"] == []
 
 
-def test_a_store_celery_skips_releases_at_after_return(
+def test_an_earlier_success_is_kept_and_the_release_still_folds(
     base: str, signalled: dict[str, list[Any]]
 ) -> None:
-    """A redelivered run whose first delivery already succeeded: Celery finds
-    the SUCCESS and does not store again, so after_return releases."""
+    """A redelivered run whose first delivery already succeeded: the SUCCESS
+    is kept (Celery checks with a read first; here the store script does),
+    and the release still goes in the same transaction."""
     _, work = make_app(base)
     run(work, 0)
     sockets = Sockets(work)
     signalled["released"].clear()
     task_id = run(work, 1, EARLIER)
     assert stored(work, task_id)["result"] == "earlier"  # untouched
-    assert (sockets.lock.sends, sockets.store.sends) == (2, 0)  # acquire; release at after_return
+    assert (sockets.lock.sends, sockets.store.sends) == (1, 1)
     assert not lock_store(base).exists(lock_key(work, 1))
     assert len(signalled["released"]) == 1 and signalled["lost"] == []
 
 
-def test_a_store_that_never_comes_releases_at_process_cleanup(
+def test_a_release_whose_store_never_comes_happens_at_process_cleanup(
     base: str, signalled: dict[str, list[Any]]
 ) -> None:
-    """The body spoils its own result key: reading it back (Celery checks for an
-    earlier SUCCESS before storing) fails, the tracer reports an internal
-    error (and, storing that, fails again), and neither the store nor
-    after_return comes; the tracer's last call, process_cleanup, releases."""
+    """The tracer calls process_cleanup last for every run; a release still
+    waiting for its store there (an internal error skipped both the store
+    and after_return) is made then."""
+    app, work = make_app(base)
+    run(work, 0)  # the backend now folds
+    lock = Lock(config.client_for(app), "fold-cleanup", ttl=5.0)
+    assert lock.acquire()
+    request = Context(id=str(uuid.uuid4()), hostname="fold@test", delivery_info={})
+    signalled["released"].clear()
+    assert fold.offer(work, request, Hold(work, request, lock))
+    assert lock_store(base).exists(lock.key)
+    app.backend.process_cleanup()
+    assert not lock_store(base).exists(lock.key)
+    assert len(signalled["released"]) == 1 and signalled["lost"] == []
+
+
+def test_celery_s_read_of_the_result_is_not_sent(base: str) -> None:
+    """Celery reads a result before storing it (to keep an earlier SUCCESS);
+    folded, that check runs inside the store script: one round trip fewer."""
     _, work = make_app(base)
     run(work, 0)
-    signalled["released"].clear()
-    with contextlib.suppress(Exception):
-        run(work, 1, SPOIL)
-    assert not lock_store(base).exists(lock_key(work, 1))
-    assert len(signalled["released"]) == 1 and signalled["lost"] == []
+    admin = redis.Redis.from_url(f"{base}/0")
+    with admin.monitor() as monitor:
+        task_id = run(work, 1)
+        admin.ping()  # the last command seen: everything before it was the run's
+        seen = []
+        while True:
+            command = monitor.next_command()
+            if command["command"] == "PING":
+                break
+            seen.append((command["client_type"], command["command"].split()[0]))
+    assert stored(work, task_id)["result"] == 1
+    outside = [n for kind, n in seen if kind != "lua" and n not in ("HELLO", "CLIENT")]
+    assert outside == ["EVALSHA", "MULTI", "SELECT", "EVALSHA", "SELECT", "EVALSHA", "EXEC"], seen
