@@ -34,8 +34,8 @@ from celery_redislock import checkout, scripts
 __all__ = [
     "Attempt",
     "Command",
-    "CountingSocket",
     "CountingConnection",
+    "CountingSocket",
     "Interval",
     "RoundTrips",
     "TcpProxy",

@@ -22,14 +22,16 @@ from celery.app.trace import build_tracer
 
 from celery_redislock import Lock, LockedTask, checkout, config, fold, keys, renewal, signals
 from celery_redislock.task import Hold
-from tests.helpers import CountingSocket, counted
+from tests.helpers import counted
 from tests.redis_server import RedisServer
 
 FLUSH = "flush scripts"
 EARLIER = "an earlier delivery succeeded"
 
 
-def make_app(base: str, result_base: Optional[str] = None, *, result_db: int = 2, **conf: Any) -> Any:
+def make_app(
+    base: str, result_base: Optional[str] = None, *, result_db: int = 2, **conf: Any
+) -> Any:
     app = Celery(f"fold-{uuid.uuid4().hex[:8]}", set_as_current=False)
     app.conf.update(
         broker_url=f"{base}/1",
@@ -180,7 +182,6 @@ def test_a_broken_store_connection_releases_once_and_celery_stores_the_result(
     assert stored(work, task_id)["result"] == 1  # by Celery's own set, on a fresh connection
     assert not lock_store(base).exists(lock_key(work, 1))
     assert len(signalled["released"]) == 1 and signalled["lost"] == []
-    assert isinstance(held.conn._sock, (type(None), CountingSocket)) or held.conn._sock.fileno() >= 0
     run(work, 2)  # and the fold works again afterwards
     assert len(signalled["released"]) == 2
 

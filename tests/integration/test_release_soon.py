@@ -10,7 +10,6 @@ broke first; a thread never hands on a connection with a reply unread.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import Any, Optional
