@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
 from typing import Any
 
-__all__ = ["command_name", "log", "p99", "split", "time_cycles"]
+__all__ = ["command_name", "log", "p99", "split", "tasks_and_rounds", "time_cycles"]
 
 now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process
 
@@ -45,3 +46,16 @@ def split(total: int, parts: int) -> list[int]:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def tasks_and_rounds(
+    doc: str, argv: Any, tasks: int, tasks_help: str, rounds_help: str
+) -> argparse.Namespace:
+    """Parse ``--tasks`` and ``--rounds`` (both positive; 7 rounds by default)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
+    parser.add_argument("--tasks", type=int, default=tasks, help=tasks_help)
+    parser.add_argument("--rounds", type=int, default=7, help=rounds_help)
+    args = parser.parse_args(argv)
+    if args.tasks < 1 or args.rounds < 1:
+        parser.error("--tasks and --rounds must be positive")
+    return args

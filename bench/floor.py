@@ -24,7 +24,6 @@ and from INFO for redis-server.  A benchmark, not a test: it never asserts.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -39,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import tasks as bench  # noqa: E402  (bench/tasks.py: server, worker, rounds)
+from common import tasks_and_rounds  # noqa: E402
 
 
 def process_cpu(pid: int) -> float:
@@ -49,12 +49,7 @@ def process_cpu(pid: int) -> float:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--tasks", type=int, default=1000, help="tasks per round (1000)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds per variant (7)")
-    args = parser.parse_args(argv)
-    if args.tasks < 1 or args.rounds < 1:
-        parser.error("--tasks and --rounds must be positive")
+    args = tasks_and_rounds(__doc__, argv, 1000, "tasks per round (1000)", "rounds per variant (7)")
 
     server = bench.start_server()
     base_url = server.url.rsplit("/", 1)[0]

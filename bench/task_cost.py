@@ -22,7 +22,6 @@ test: it never asserts.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
-from common import log
+from common import log, tasks_and_rounds
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -56,12 +55,9 @@ def measure(
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--tasks", type=int, default=2000, help="tasks per variant per round")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
-    args = parser.parse_args(argv)
-    if args.tasks < 1 or args.rounds < 1:
-        parser.error("--tasks and --rounds must be positive")
+    args = tasks_and_rounds(
+        __doc__, argv, 2000, "tasks per variant per round", "interleaved rounds"
+    )
 
     sys.path.insert(0, str(ROOT))
     from tests.redis_server import RedisServer

@@ -215,10 +215,9 @@ def _store(backend: Any, pending: Pending, key: bytes, value: Any, expires: Any)
         return False
     parts = hold.release_packed()
     if parts is None:
-        hold.release()
-        return False
+        return False  # released already
     release, on_reply = parts
-    store = _STORE_HEAD + _bulk(key) + _bulk(value) + _bulk(b"%d" % (expires or 0))
+    store = _STORE_HEAD + wire.pack_arg(key) + wire.pack_arg(value) + wire.pack_arg(expires or 0)
     packed = plan.before + release + plan.after + store + _EXEC
     held: Any = checkout.checkout(plan.pool)
     conn = held.conn
@@ -252,9 +251,5 @@ def _store(backend: Any, pending: Pending, key: bytes, value: Any, expires: Any)
     return True
 
 
-def _bulk(data: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
 def _select(db: int) -> bytes:
-    return b"*2\r\n$6\r\nSELECT\r\n" + _bulk(b"%d" % db)
+    return b"*2\r\n$6\r\nSELECT\r\n" + wire.pack_arg(db)

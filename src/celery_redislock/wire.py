@@ -48,7 +48,16 @@ from . import resp
 from .checkout import borrow, checkout, settle_thread
 from .checkout import settle as checkout_settle
 
-__all__ = ["KeyBlock", "blpop", "evalsha", "pack_evalsha", "raw_pool", "send_soon", "settle"]
+__all__ = [
+    "KeyBlock",
+    "blpop",
+    "evalsha",
+    "pack_arg",
+    "pack_evalsha",
+    "raw_pool",
+    "send_soon",
+    "settle",
+]
 
 #: Connection classes whose I/O is the socket itself, read and written here
 #: directly (:func:`_raw_send_and_read`).  Subclasses (Sentinel's, client-side
@@ -98,7 +107,7 @@ def evalsha(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> An
 
 def pack_evalsha(script: Script, block: KeyBlock, args: list[Any]) -> bytes:
     """``script`` on ``block.keys`` with ``args``, as the bytes sent to Redis."""
-    return block.head(script.sha, len(args)) + b"".join([_arg(a) for a in args])
+    return block.head(script.sha, len(args)) + b"".join([pack_arg(a) for a in args])
 
 
 def send_soon(client: Any, packed: bytes, on_reply: Callable[[Any], None]) -> bool:
@@ -158,11 +167,13 @@ def blpop(client: Any, key: str, timeout: float) -> Optional[tuple[Any, Any]]:
     pool = _pool_of(client)
     if pool is None:
         return client.blpop([key], timeout=timeout)  # type: ignore[no-any-return]
-    reply = _roundtrip(pool, b"*3\r\n$5\r\nBLPOP\r\n" + _arg(key) + _arg(repr(float(timeout))))
+    reply = _roundtrip(
+        pool, b"*3\r\n$5\r\nBLPOP\r\n" + pack_arg(key) + pack_arg(repr(float(timeout)))
+    )
     return None if reply is None else (reply[0], reply[1])
 
 
-def _arg(value: Any) -> bytes:
+def pack_arg(value: Any) -> bytes:
     """One bulk string of the RESP protocol (the client's encoding is UTF-8)."""
     kind = type(value)
     if kind is str:
