@@ -177,8 +177,12 @@ def lt_rec(*values: object, tag: str, label: str = "") -> list:
 
 
 @app.task(name="lt.errback")
-def lt_errback(task_id: str, tag: str) -> None:
-    """An old-style errback (called with the failed task's id)."""
+def lt_errback(task_id: str, *, tag: str) -> None:
+    """An old-style errback (called with the failed task's id).
+
+    ``tag`` is keyword-only: Celery before 5.5 calls an errback whose function
+    takes more than one positional parameter with (request, exc, traceback).
+    """
     record(tag, label="errback", failed=task_id, at=time.monotonic())
 
 
@@ -278,8 +282,8 @@ POSTRUN_TASKS = {"lt.outcome", "lt.bound", "lt.forgetful"}
 def _connect_receivers() -> None:
     from celery import signals as celery_signals
 
-    from celery_redislock import keys as _keys
     from celery_redislock import signals as lock_signals
+    from celery_redislock.primitives import keys as _keys
 
     def on_lock_signal(signal_name: str):
         def receiver(sender=None, request=None, name=None, **kw):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 
@@ -20,6 +21,10 @@ def redis_url() -> Iterator[str]:
     try:
         yield server.url
     finally:
+        # Results still referenced unsubscribe as they are collected; let them
+        # do so while the server is up (Celery before 5.5 reconnects, and
+        # fails loudly, when it is gone).
+        gc.collect()
         server.stop()
 
 

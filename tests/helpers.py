@@ -29,19 +29,18 @@ from typing import Any, Optional
 
 import redis
 
-from celery_redislock import checkout, scripts
+from celery_redislock.primitives import _scripts as scripts
 
 __all__ = [
     "Attempt",
     "Command",
     "CountingConnection",
-    "CountingSocket",
     "Interval",
     "RoundTrips",
     "TcpProxy",
     "assert_no_overlap",
+    "assert_rising",
     "blocked_clients",
-    "counted",
     "counting_client",
     "fork_context",
     "forking",
@@ -62,6 +61,8 @@ __all__ = [
 ]
 
 Command = tuple[bytes, ...]
+#: What redis-py sends when it opens a connection, before any command.
+HANDSHAKE = frozenset({"HELLO", "CLIENT", "AUTH", "SELECT", "READONLY", "PING"})
 Interval = tuple[float, float]
 
 
@@ -113,9 +114,13 @@ class RoundTrips:
         with self._lock:
             return len(self._sends)
 
-    def names(self) -> list[list[str]]:
-        """Command names per round trip, e.g. ``[["EVALSHA"], ["BLPOP"]]``."""
-        return [[c[0].decode().upper() for c in send] for send in self.sends]
+    def names(self, handshake: bool = True) -> list[list[str]]:
+        """Command names per round trip, e.g. ``[["EVALSHA"], ["BLPOP"]]``; without
+        the round trips of opening a connection when ``handshake`` is False."""
+        names = [[c[0].decode().upper() for c in send] for send in self.sends]
+        if handshake:
+            return names
+        return [send for send in names if send[0] not in HANDSHAKE]
 
     def reset(self) -> None:
         with self._lock:
@@ -379,6 +384,12 @@ def overlapping(a: Interval, b: Interval) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
+def assert_rising(fences: Sequence[Any]) -> None:
+    """Fences strictly increase, in the order given (grant order)."""
+    falls = [(a, b) for a, b in zip(fences, fences[1:]) if not b > a]
+    assert falls == [], f"fences did not rise: {falls[:5]}"
+
+
 def assert_no_overlap(records: list[dict[str, Any]]) -> None:
     """No two recorded bodies ran at the same time."""
     ordered = sorted(records, key=lambda r: r["start"])
@@ -406,34 +417,3 @@ def report(label: str, **values: Any) -> None:
     if path:
         with Path(path).open("a") as f:
             f.write(json.dumps({"name": label, **values}) + "\n")
-
-
-class CountingSocket:
-    """Wraps a connection's socket, counting what the hot path sends and reads."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sends = 0
-        self.recvs = 0
-        self.sent: list[bytes] = []
-
-    def sendall(self, data: bytes) -> None:
-        self.sends += 1
-        self.sent.append(bytes(data))
-        self.sock.sendall(data)
-
-    def recv(self, size: int) -> bytes:
-        self.recvs += 1
-        return self.sock.recv(size)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sock, name)
-
-
-def counted(client: redis.Redis) -> tuple[Any, CountingSocket]:
-    """This thread's hot-path connection of ``client``, its socket counted."""
-    held = checkout.checkout(client.connection_pool)
-    assert held is not None
-    counter = CountingSocket(held.conn._sock)
-    held.conn._sock = counter
-    return held, counter

@@ -22,7 +22,7 @@ def free_port() -> int:
 class RedisServer:
     """A throwaway redis-server: ``start()``, ``kill()``, ``restart()`` on the same port."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, extra: list[str] | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -30,6 +30,10 @@ class RedisServer:
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="redislock-test-")
         self.proc: subprocess.Popen[bytes] | None = None
+        #: More redis-server options (``["--requirepass", "s3cret"]``, TLS, ...).
+        self.extra = list(extra or [])
+        #: Options of the client that checks the server is up.
+        self.ping_options: dict[str, object] = {}
 
     @property
     def url(self) -> str:
@@ -51,17 +55,18 @@ class RedisServer:
                 self.dir,
                 "--loglevel",
                 "warning",
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, **self.ping_options)
         while True:
             try:
                 if client.ping():
                     break
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.ResponseError):
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     raise RuntimeError(f"redis-server did not start on port {self.port}") from None
                 time.sleep(0.02)

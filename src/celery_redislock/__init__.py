@@ -1,8 +1,14 @@
-"""Redis locks, semaphores and contention policies around Celery task execution."""
+"""Redis locks, semaphores and contention policies around Celery task execution.
+
+``Lock``, ``Semaphore`` and ``ReadWriteLock`` need only redis-py; importing
+them does not import Celery.  ``LockedTask``, ``ConfiguredLocks`` (and the rest of the Celery
+side, in :mod:`celery_redislock.tasks`) is imported on first use.
+"""
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from .exceptions import (
     BackendUnavailable,
@@ -15,10 +21,7 @@ from .exceptions import (
     RedisLockError,
     TaskSkipped,
 )
-from .locks import Lock
-from .rwlock import ReadWriteLock
-from .semaphore import Semaphore
-from .task import Hold, LockedTask
+from .primitives import Lock, ReadWriteLock, Semaphore
 
 try:
     __version__ = version("celery-redislock")
@@ -28,6 +31,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "BackendUnavailable",
     "ConfigurationError",
+    "ConfiguredLocks",
     "Hold",
     "Lock",
     "LockContended",
@@ -42,3 +46,21 @@ __all__ = [
     "TaskSkipped",
     "__version__",
 ]
+
+#: Names served lazily, from the Celery side.
+_CELERY_SIDE = {"LockedTask": "locked_task", "Hold": "hold", "ConfiguredLocks": "configured"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _CELERY_SIDE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_redislock' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".tasks.{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

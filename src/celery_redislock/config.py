@@ -1,29 +1,49 @@
 """Settings read from ``app.conf`` (lowercase ``redislock_*`` keys), validated once.
 
-Precedence for task options: per-call option > task attribute > app.conf > default.
-The Redis client is built lazily, once per app per process (a forked child
-builds its own), and nothing is attached to the app object.
+Precedence for task options: per-call option (``apply_async(redislock={...})``) >
+task attribute (decorator keyword argument) > app.conf > default.  Every
+``redislock_*`` key is checked when the app finalizes and again when a worker
+starts: a bad value, or a key that is not one of ours, is a ConfigurationError
+naming the key as the user wrote it (``CELERY_REDISLOCK_LOCK_TTL`` in an app
+configured with a namespace).
+
+The lock store is, in order: ``redislock_url``, the broker when it is Redis,
+the result backend when it is Redis.  The Redis client is built lazily, once
+per app per process (a forked child builds its own), and nothing is attached
+to the app object.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
+from urllib.parse import parse_qsl, urlsplit
 
 import redis
 
+from . import _spelling, _validate
 from .exceptions import ConfigurationError
 
-__all__ = ["CONTENTION_POLICIES", "Settings", "client_for", "reset", "settings_for"]
+__all__ = [
+    "CONTENTION_POLICIES",
+    "Settings",
+    "client_for",
+    "describe_store",
+    "reset",
+    "settings_for",
+    "store",
+]
 
 CONTENTION_POLICIES = ("retry", "skip", "wait", "fail", "park")
 WAIT_FALLBACKS = ("retry", "fail")
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
-DEFAULT_URL = "redis://localhost:6379/0"
+#: URL schemes redis-py connects to (Celery's ``redis+socket://`` is a unix socket).
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
+#: ``redislock_*`` keys this library reads besides the Settings fields.
+OTHER_KEYS: tuple[str, ...] = ("redislock_tasks",)
 
 
 @dataclass(frozen=True)
@@ -31,11 +51,12 @@ class Settings:
     """Every ``redislock_*`` setting, in the order the docs list them.
 
     url: Redis URL of the lock store (``redislock_url``); defaults to the
-        broker URL when that is a redis:// or rediss:// URL.
+        broker when it is Redis, else the result backend when it is Redis,
+        else None (a worker then refuses to start).
     key_prefix: prefix of every Redis key (``redislock_key_prefix``).
     lock_ttl: lease in seconds, renewed while the body runs.
     renew_interval: seconds between renewals (None: a third of the lease).
-    on_contention: ``retry``, ``skip``, ``wait`` or ``fail``.
+    on_contention: ``retry``, ``skip``, ``wait``, ``fail`` or ``park``.
     lock_retry_backoff: first contention-retry delay, seconds (doubles each time).
     lock_retry_backoff_max: cap of that delay; must stay below the broker's
         visibility timeout.
@@ -51,13 +72,16 @@ class Settings:
     park_reserve: seconds a parked task granted the lock may take to start
         before it is re-published (crash recovery of a lost hand-over).
     park_sweep_interval: seconds between recovery sweeps of parked queues.
-    release_with_result: when a run's result goes to a Redis result backend
-        on the lock store's server, release the lock in the transaction that
-        stores the result (no round trip of its own; see fold.py).  False:
-        release as the body ends, on the lock client.
+    fence_retention: seconds a lock name's fence key is kept after its last
+        grant (fences keep rising without it, from the server's clock; see
+        the README's "Fencing tokens").
+    wait_replicas: replicas that must acknowledge every grant, renewal and
+        release (``WAIT``) before it counts; 0: do not wait.  A grant not
+        acknowledged in time is undone and counts as contention.
+    wait_timeout_ms: how long each of those waits for its replicas, ms.
     """
 
-    url: str = DEFAULT_URL
+    url: Optional[str] = None
     key_prefix: str = "redislock"
     lock_ttl: float = 30.0
     renew_interval: Optional[float] = None
@@ -72,7 +96,9 @@ class Settings:
     semaphores: dict[str, int] = field(default_factory=dict)
     park_reserve: float = 10.0
     park_sweep_interval: float = 1.0
-    release_with_result: bool = True
+    fence_retention: float = 600.0
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -84,71 +110,44 @@ class Settings:
             )
 
 
-def _positive(value: Any, where: str, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{where} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(f"{where} must be positive, got {value!r}")
-
-
-def _choice(value: Any, where: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigurationError(f"{where} must be one of {', '.join(choices)}; got {value!r}")
+#: Setting -> how to check it (the same checks serve task options).
+_SECONDS = (
+    "fence_retention",
+    "lock_ttl",
+    "lock_retry_backoff",
+    "lock_retry_backoff_max",
+    "lock_wait_timeout",
+    "socket_timeout",
+    "park_reserve",
+    "park_sweep_interval",
+)
 
 
 def validate(name: str, value: Any, where: str) -> None:
     """Check one setting or task option; ``where`` names it in the error."""
-    if name in (
-        "lock_ttl",
-        "lock_retry_backoff",
-        "lock_retry_backoff_max",
-        "lock_wait_timeout",
-        "socket_timeout",
-        "park_reserve",
-        "park_sweep_interval",
-    ):
-        _positive(value, where)
+    if name in _SECONDS:
+        _validate.check_seconds(value, where)
     elif name == "renew_interval":
-        _positive(value, where, optional=True)
+        _validate.check_seconds(value, where, optional=True)
     elif name == "lock_retry_max":
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 0
-        ):
-            raise ConfigurationError(f"{where} must be None or an int >= 0, got {value!r}")
+        _validate.check_count(value, where, minimum=0, optional=True)
     elif name == "on_contention":
-        _choice(value, where, CONTENTION_POLICIES)
+        _validate.check_choice(value, where, CONTENTION_POLICIES)
     elif name == "lock_wait_fallback":
-        _choice(value, where, WAIT_FALLBACKS)
+        _validate.check_choice(value, where, WAIT_FALLBACKS)
     elif name == "on_redis_error":
-        _choice(value, where, REDIS_ERROR_POLICIES)
-    elif name in ("url", "key_prefix"):
-        if not isinstance(value, str) or not value:
-            raise ConfigurationError(f"{where} must be a non-empty str, got {value!r}")
-    elif name == "release_with_result":
-        if not isinstance(value, bool):
-            raise ConfigurationError(f"{where} must be True or False, got {value!r}")
+        _validate.check_choice(value, where, REDIS_ERROR_POLICIES)
+    elif name == "url":
+        if value is not None:
+            _validate.check_name(value, where)
+    elif name == "key_prefix":
+        _validate.check_name(value, where)
     elif name == "semaphores":
-        if not isinstance(value, dict):
-            raise ConfigurationError(f"{where} must be a dict of name -> limit, got {value!r}")
-        for key, limit in value.items():
-            if (
-                not isinstance(key, str)
-                or isinstance(limit, bool)
-                or not isinstance(limit, int)
-                or limit < 1
-            ):
-                raise ConfigurationError(
-                    f"{where}[{key!r}] must map a str to an int >= 1, got {limit!r}"
-                )
-
-
-def _default_url(conf: Any) -> str:
-    broker = conf.get("broker_url") or ""
-    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://")):
-        return broker.split(";")[0]
-    return DEFAULT_URL
+        _validate.check_limits(value, where)
+    elif name == "wait_replicas":
+        _validate.check_count(value, where, minimum=0)
+    elif name == "wait_timeout_ms":
+        _validate.check_count(value, where, minimum=1)
 
 
 def visibility_timeout(conf: Any) -> Optional[float]:
@@ -161,24 +160,76 @@ def visibility_timeout(conf: Any) -> Optional[float]:
 
 
 def from_conf(conf: Any) -> Settings:
-    """Build Settings from a Celery ``app.conf`` (or any mapping)."""
+    """Build Settings from a Celery ``app.conf`` (or any mapping); errors name
+    each key as the user wrote it."""
+    fields_by_key = {f"redislock_{f.name}": f.name for f in fields(Settings)}
+    for written, name in _spelling.keys_like(conf, "redislock_"):
+        if name not in fields_by_key and name not in OTHER_KEYS:
+            raise ConfigurationError(
+                f"unknown setting {written!r}"
+                + _spelling.suggestion(name, [*fields_by_key, *OTHER_KEYS])
+            )
     values: dict[str, Any] = {}
-    for f in fields(Settings):
-        key = f"redislock_{f.name}"
+    for key, name in fields_by_key.items():
         value = conf.get(key)
         if value is not None:
-            values[f.name] = value
-    values.setdefault("url", _default_url(conf))
+            validate(name, value, _spelling.spelled(conf, key))
+            values[name] = value
+    if "url" not in values:
+        values["url"] = store(conf)[0]
     settings = Settings(**values)
     vt = visibility_timeout(conf)
     if vt is not None and settings.lock_retry_backoff_max >= vt:
         # A countdown past the visibility timeout makes the broker redeliver
         # the message while the worker still holds it: a duplicate run.
         raise ConfigurationError(
-            f"redislock_lock_retry_backoff_max ({settings.lock_retry_backoff_max!r}) must stay "
-            f"below the broker's visibility_timeout ({vt!r})"
+            f"{_spelling.spelled(conf, 'redislock_lock_retry_backoff_max')} "
+            f"({settings.lock_retry_backoff_max!r}) must stay below the broker's "
+            f"visibility_timeout ({vt!r})"
         )
     return settings
+
+
+def store(conf: Any) -> tuple[Optional[str], str]:
+    """(URL of the lock store or None, the setting it came from)."""
+    url = conf.get("redislock_url")
+    if url:
+        return url, _spelling.spelled(conf, "redislock_url")
+    for key in ("broker_url", "result_backend"):
+        value = conf.get(key)
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if isinstance(value, str):
+            value = value.split(";")[0].strip()
+            if value.startswith(_REDIS_SCHEMES):
+                if value.startswith("redis+socket://"):
+                    value = "unix://" + value[len("redis+socket://") :]
+                return value, _spelling.spelled(conf, key)
+    return None, ""
+
+
+def describe_store(url: str) -> str:
+    """``url`` without its password: scheme, host and port (or socket), db."""
+    parsed = urlsplit(url)
+    if parsed.scheme == "unix":
+        where = parsed.path
+    else:
+        where = f"{parsed.hostname or 'localhost'}:{parsed.port or 6379}"
+    query = dict(parse_qsl(parsed.query))
+    db = query.get("db") or (parsed.path.strip("/") if parsed.scheme != "unix" else "") or "0"
+    user = f"{parsed.username}@" if parsed.username else ""
+    return f"{parsed.scheme}://{user}{where}/{db}"
+
+
+def no_store(conf: Any) -> ConfigurationError:
+    """The error of an app whose lock store is nowhere to be found."""
+    broker = str(conf.get("broker_url") or "not set").split("://")[0]
+    backend = str(conf.get("result_backend") or "not set").split("://")[0]
+    return ConfigurationError(
+        "celery_redislock needs a Redis lock store, and neither the broker "
+        f"({broker}) nor the result backend ({backend}) is Redis: set "
+        "redislock_url = 'redis://host:6379/0' in the app's configuration"
+    )
 
 
 _lock = threading.Lock()
@@ -212,6 +263,8 @@ def client_for(app: Any) -> Any:
     if last_app() is app and client is not None:
         return client
     s = settings_for(app)  # before taking _lock: settings_for takes it too
+    if s.url is None:
+        raise no_store(app.conf)
     with _lock:
         client = _clients.get(app)
         if client is None:

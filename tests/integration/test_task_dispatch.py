@@ -16,8 +16,7 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group
 
-from celery_redislock import LockContended, LockedTask, TaskSkipped
-from celery_redislock.locks import Lock
+from celery_redislock import Lock, LockContended, LockedTask, TaskSkipped
 from tests.helpers import assert_no_overlap, wait_until
 from tests.integration.task_helpers import (
     listed,

@@ -106,16 +106,15 @@ def test_argument_that_cannot_be_canonicalised(app: Celery) -> None:
     assert "errors.opaque" in str(result.result) and "user_id" in str(result.result)
 
 
-def test_bad_setting_in_app_conf_names_the_setting(redis_url: str) -> None:
+def test_bad_setting_in_app_conf_fails_the_app_as_it_finalizes(redis_url: str) -> None:
     app = Celery("errors-conf", set_as_current=False)
     app.conf.update(redislock_url=redis_url, redislock_on_contention="maybe")
     try:
-        task = define(app, "errors.conf")
-        result = task.apply((1,))
-        assert result.state == "FAILURE"
-        assert isinstance(result.result, ConfigurationError)
-        assert "redislock_on_contention" in str(result.result)
-        assert "'maybe'" in str(result.result)
+        define(app, "errors.conf")
+        with pytest.raises(ConfigurationError) as info:
+            app.finalize()
+        assert "redislock_on_contention" in str(info.value)
+        assert "'maybe'" in str(info.value)
     finally:
         app.close()
 

@@ -16,7 +16,8 @@ import pytest
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_redislock import config, keys
+from celery_redislock import config
+from celery_redislock.primitives import keys
 from tests.helpers import wait_until
 from tests.integration.task_helpers import (
     listed,

@@ -13,12 +13,14 @@ from datetime import datetime, timedelta, timezone
 from types import ModuleType
 from typing import Any
 
+import celery
 import pytest
 import redis
 
-from celery_redislock import Lock, LockContended, TaskSkipped
+from celery_redislock import ConfigurationError, Lock, LockContended, TaskSkipped
 from tests.helpers import assert_no_overlap, report, wait_until
 from tests.integration.task_helpers import (
+    collect,
     listed,
     lock_key,
     runs,
@@ -42,17 +44,6 @@ BURST_ETA = 1.0
 
 
 worker = worker_fixture("policies", extra=["--prefetch-multiplier", "10"])
-
-
-def collect(results: list[Any], timeout: float = 60.0) -> tuple[list[Any], list[BaseException]]:
-    """get() every result; return (values, exceptions)."""
-    values, errors = [], []
-    for r in results:
-        try:
-            values.append(r.get(timeout=timeout))
-        except Exception as exc:
-            errors.append(exc)
-    return values, errors
 
 
 def retry_signals(rec: redis.Redis, ids: set[str]) -> list[dict[str, Any]]:
@@ -111,14 +102,19 @@ def test_skip_runs_one_and_skips_the_rest_promptly(
     margin = ran[0]["wall_end"] - max(done)
     # The worker log says why, for each skipped run.
 
-    def logged() -> str | None:
+    def logged() -> list[str] | None:
         out = worker.output()
-        return out if all(f"{i}] skipped" in out for i in skipped) else None
+        lines = {i: [x for x in out.splitlines() if f"lt.skip[{i}]: lock " in x] for i in skipped}
+        if not all(lines.values()):
+            return None
+        assert "Traceback" not in out
+        return [x for found in lines.values() for x in found]
 
-    log = wait_until(logged, timeout=5, what="skip log lines")
-    for task_id in skipped:
-        line = next(x for x in log.splitlines() if f"{task_id}] skipped" in x)
-        assert f"held by task {holder}" in line, line
+    lines = wait_until(logged, timeout=5, what="skip log lines")
+    assert len(lines) == len(skipped), lines
+    for line in lines:
+        assert "WARNING" in line, line
+        assert f"is held by task {holder}; skipped (on_contention=skip)" in line, line
     assert not locks.exists(lock_key(capp.lt_skip, (job, tag)))
     report(
         "skip",
@@ -194,7 +190,10 @@ def test_retry_runs_all_twenty_one_at_a_time(
     assert len(signals) == sum(contention)
     assert all("lock contended" in s["reason"] for s in signals)
     ideal = N * DURATION
-    assert drain < 3 * ideal, drain
+    # Older Celery schedules countdown re-sends more coarsely: this drain took
+    # 11-22 s on celery 5.3.0, 6.7 s on 5.7.0 (ideal 6 s).
+    slack = 3 if celery.VERSION >= (5, 5) else 5
+    assert drain < slack * ideal, drain
     report("retry", ran=len(ran), drain_s=drain, ideal_s=ideal, broker_retries=len(signals))
 
 
@@ -241,12 +240,48 @@ def test_fail_policy_fails_at_once_naming_the_holder(
     holder = capp.lt_fail.delay(job, tag, 2.0)
     wait_started(rec, tag)
     t0 = time.monotonic()
+    second = capp.lt_fail.delay(job, tag, 0.0)
     with pytest.raises(LockContended) as info:
-        capp.lt_fail.delay(job, tag, 0.0).get(timeout=5)
+        second.get(timeout=5)
     assert time.monotonic() - t0 < 1.5  # long before the holder finished
     assert info.value.holder == holder.id
     assert 0 < info.value.ttl_ms <= 5000
     holder.get(timeout=5)
+
+    # A chosen outcome is one WARNING line, not an error with a traceback.
+    def logged() -> list[str]:
+        return [
+            line
+            for line in worker.output().splitlines()
+            if f"held by task {holder.id}; failed with LockContended (on_contention=fail)" in line
+        ]
+
+    lines = wait_until(logged, timeout=5, what="the fail log line")
+    assert len(lines) == 1 and "WARNING" in lines[0], lines
+    assert f"lt.fail[{second.id}]: lock '" in lines[0], lines
+    assert "Traceback" not in worker.output()
+
+
+def test_per_call_options_override_the_tasks_own_for_that_run(
+    worker: Worker, capp: ModuleType, rec: redis.Redis
+) -> None:
+    tag, job = uniq("percall"), uniq("job")
+    holder = capp.lt_fail.delay(job, tag, 1.0)  # declared on_contention="fail"
+    wait_started(rec, tag)
+    skipped = capp.lt_fail.apply_async((job, tag, 0.0), redislock={"on_contention": "skip"})
+    waited = capp.lt_fail.apply_async(
+        (job, tag, 0.0), redislock={"on_contention": "wait", "lock_wait_timeout": 10}
+    )
+    with pytest.raises(TaskSkipped):
+        skipped.get(timeout=5)
+    waited.get(timeout=15)  # waited for the holder instead of failing
+    holder.get(timeout=5)
+    ran = runs(rec, tag)
+    assert [r["id"] for r in ran] == [holder.id, waited.id]
+    assert_no_overlap(ran)
+    with pytest.raises(ConfigurationError) as info:
+        capp.lt_fail.apply_async((job, tag, 0.0), redislock={"on_contension": "skip"})
+    assert "'lt.fail'" in str(info.value) and "on_contention" in str(info.value)
 
 
 def test_signals_seen_by_the_worker(worker: Worker, capp: ModuleType, rec: redis.Redis) -> None:

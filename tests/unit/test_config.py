@@ -1,4 +1,4 @@
-"""Settings from app.conf: validation errors name the key and the value; URL defaulting."""
+"""Settings from app.conf: errors name the key as written and the value; the lock store."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_redislock import ConfigurationError, config
-from celery_redislock.config import DEFAULT_URL, Settings, from_conf
+from celery_redislock.config import Settings, describe_store, from_conf, store
 
 
 @pytest.mark.parametrize(
@@ -41,6 +41,7 @@ from celery_redislock.config import DEFAULT_URL, Settings, from_conf
         ("semaphores", {"a": True}),
         ("park_reserve", -1),
         ("park_sweep_interval", 0),
+        ("fence_retention", 0),
     ],
 )
 def test_bad_value_names_the_key_and_the_value(key: str, value: Any) -> None:
@@ -67,7 +68,7 @@ def test_bad_value_names_the_key_and_the_value(key: str, value: Any) -> None:
     ],
 )
 def test_good_values_are_taken(key: str, value: Any) -> None:
-    settings = from_conf({f"redislock_{key}": value})
+    settings = from_conf({f"redislock_{key}": value, "broker_url": "redis://h/0"})
     expected = getattr(Settings(), key) if value is None else value
     assert getattr(settings, key) == expected
 
@@ -93,23 +94,95 @@ def test_backoff_max_must_stay_below_the_visibility_timeout() -> None:
 
 
 @pytest.mark.parametrize(
-    ("broker", "expected"),
+    ("conf", "expected", "source"),
     [
-        ("redis://broker:6379/1", "redis://broker:6379/1"),
-        ("rediss://:pw@broker:6380/2", "rediss://:pw@broker:6380/2"),
-        ("redis://a:1/0;redis://b:2/0", "redis://a:1/0"),
-        ("amqp://guest@rabbit//", DEFAULT_URL),
-        ("memory://", DEFAULT_URL),
-        (None, DEFAULT_URL),
+        ({"broker_url": "redis://broker:6379/1"}, "redis://broker:6379/1", "broker_url"),
+        ({"broker_url": "rediss://:pw@b:6380/2"}, "rediss://:pw@b:6380/2", "broker_url"),
+        ({"broker_url": "redis://a:1/0;redis://b:2/0"}, "redis://a:1/0", "broker_url"),
+        (
+            {"broker_url": "amqp://guest@rabbit//", "result_backend": "redis://res:6379/2"},
+            "redis://res:6379/2",
+            "result_backend",
+        ),
+        (
+            {"broker_url": "amqp://rabbit//", "result_backend": "redis+socket:///tmp/r.sock"},
+            "unix:///tmp/r.sock",
+            "result_backend",
+        ),
+        (
+            {"broker_url": "redis://broker/1", "redislock_url": "redis://locks/0"},
+            "redis://locks/0",
+            "redislock_url",
+        ),
+        ({"broker_url": "amqp://guest@rabbit//", "result_backend": "rpc://"}, None, ""),
+        ({"broker_url": "memory://"}, None, ""),
+        ({}, None, ""),
     ],
 )
-def test_url_defaults_to_a_redis_broker(broker: str | None, expected: str) -> None:
-    assert from_conf({"broker_url": broker}).url == expected
+def test_the_store_is_redislock_url_then_a_redis_broker_then_a_redis_backend(
+    conf: dict[str, Any], expected: str | None, source: str
+) -> None:
+    assert store(conf) == (expected, source)
+    assert from_conf(conf).url == expected
 
 
-def test_explicit_url_wins_over_the_broker() -> None:
-    conf = {"broker_url": "redis://broker:6379/1", "redislock_url": "redis://locks:6379/0"}
-    assert from_conf(conf).url == "redis://locks:6379/0"
+def test_without_a_redis_store_the_client_is_refused_saying_how_to_set_one() -> None:
+    app = Celery("no-store", broker="amqp://guest@127.0.0.1//", set_as_current=False)
+    try:
+        assert config.settings_for(app).url is None
+        with pytest.raises(ConfigurationError, match=r"redislock_url = 'redis://") as info:
+            config.client_for(app)
+        assert "amqp" in str(info.value)
+    finally:
+        app.close()
+
+
+def test_the_store_is_described_without_its_password() -> None:
+    assert describe_store("redis://:s3cret@h:6380/4") == "redis://h:6380/4"
+    assert describe_store("rediss://user:s3cret@h/2") == "rediss://user@h:6379/2"
+    assert describe_store("unix:///tmp/r.sock?db=3") == "unix:///tmp/r.sock/3"
+    assert "s3cret" not in describe_store("redis://user:s3cret@h:1?db=1")
+
+
+@pytest.mark.parametrize(
+    ("key", "suggested"),
+    [
+        ("redislock_lock_tll", "redislock_lock_ttl"),
+        ("redislock_on_contension", "redislock_on_contention"),
+        ("redislock_semaphore", "redislock_semaphores"),
+    ],
+)
+def test_an_unknown_redislock_key_is_refused_with_the_closest_name(
+    key: str, suggested: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        from_conf({key: 1, "broker_url": "redis://h/0"})
+    assert repr(key) in str(info.value)
+    assert repr(suggested) in str(info.value)
+
+
+def test_errors_name_the_key_as_a_namespaced_app_writes_it() -> None:
+    class DjangoSettings:
+        CELERY_BROKER_URL = "redis://h:6379/0"
+        CELERY_REDISLOCK_LOCK_TTL = -1
+
+    app = Celery("namespaced", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    try:
+        with pytest.raises(ConfigurationError, match=r"^CELERY_REDISLOCK_LOCK_TTL must be") as e:
+            config.settings_for(app)
+        assert "-1" in str(e.value)
+
+        class Misspelt(DjangoSettings):
+            CELERY_REDISLOCK_LOCK_TTL = 5
+            CELERY_REDISLOCK_ON_CONTENSION = "skip"
+
+        app.config_from_object(Misspelt, namespace="CELERY")
+        config.reset(app)
+        with pytest.raises(ConfigurationError, match="CELERY_REDISLOCK_ON_CONTENSION"):
+            config.settings_for(app)
+    finally:
+        app.close()
 
 
 def test_settings_for_reads_app_conf_once_until_reset() -> None:

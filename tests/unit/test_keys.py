@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from celery_redislock import ConfigurationError, Lock, keys
+from celery_redislock import ConfigurationError, Lock
+from celery_redislock.primitives import keys
 
 # Any text, including braces, '#', control characters and long runs.
 names = st.text(min_size=1, max_size=400) | st.text(alphabet="{}#:", min_size=1, max_size=20)

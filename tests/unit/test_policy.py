@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_redislock._common import new_token
-from celery_redislock.policy import backoff, effective_policy, holder_task_id, owner_prefix
+from celery_redislock.primitives.tokens import new_token
+from celery_redislock.tasks.policies import backoff, effective_policy, holder_task_id, owner_prefix
 
 
 class Fixed:

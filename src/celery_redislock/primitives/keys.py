@@ -1,0 +1,123 @@
+"""Pure functions that turn primitive names into Redis keys.
+
+Every key of one primitive shares one Redis Cluster hash tag, ``{<name>}``
+after the prefix, so every script touching it runs unchanged on Redis
+Cluster.  Names that are long or contain braces are replaced by a digest
+inside the tag, so any name of any length or characters is safe.  Locks,
+semaphores and read-write locks of the same name use different key suffixes
+and never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+from ..exceptions import ConfigurationError
+
+__all__ = ["MAX_PLAIN_NAME", "LockKeys", "MultiKeys", "digest", "lock_keys", "multi_keys", "tag"]
+
+#: Names longer than this many characters are digested rather than spelled out.
+MAX_PLAIN_NAME = 200
+
+
+def digest(data: str | bytes, length: int = 32) -> str:
+    """A short, stable hex digest of ``data`` (sha256, truncated)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()[:length]
+
+
+def tag(prefix: str, name: str) -> str:
+    """The hash-tagged base of every key of ``name``: ``prefix:{name}``.
+
+    A name that could break the hash tag (braces), is very long, cannot be
+    encoded (lone surrogates) or starts with ``#`` (the digest marker) is
+    replaced by ``#<digest>``, so two different names never share a tag.
+    A prefix with braces is refused: it would move the tag.
+    """
+    if "{" in prefix or "}" in prefix:
+        raise ConfigurationError(
+            f"key prefix must not contain braces (it would break the hash tag), got {prefix!r}"
+        )
+    if (
+        "{" in name
+        or "}" in name
+        or name.startswith("#")
+        or len(name) > MAX_PLAIN_NAME
+        or not (name.isascii() or _encodable(name))
+    ):
+        name = "#" + digest(name)
+    return f"{prefix}:{{{name}}}"
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: digest them instead
+        return False
+    return True
+
+
+class LockKeys(NamedTuple):
+    """The Redis keys of one mutex, all in one hash slot."""
+
+    lock: str  # string: the owner token, with a millisecond lease (PX)
+    fence: str  # counter: the fencing token of the latest grant; never expires
+    queue: str  # sorted set: waiting tokens, scored by arrival (FIFO)
+    meta: str  # hash: waiting token -> "deadline_ms:lease_ms:kind:mode"
+    pmsg: str  # hash: parked token -> task payload, until its run claims it
+    inflight: str  # sorted set: granted parked token -> reservation deadline
+    wake: str  # prefix of per-waiter lists the release pushes the fence to
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.lock, self.fence, self.queue, self.meta, self.pmsg, self.inflight]
+
+
+class MultiKeys(NamedTuple):
+    """The Redis keys of one semaphore or read-write lock, all in one hash slot."""
+
+    holders: str  # sorted set: holder token -> lease expiry (server ms)
+    fence: str
+    queue: str
+    meta: str
+    pmsg: str
+    inflight: str
+    info: str  # hash: holder token -> fence, '!limit', '!writer'
+    wake: str
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [
+            self.holders,
+            self.fence,
+            self.queue,
+            self.meta,
+            self.pmsg,
+            self.inflight,
+            self.info,
+        ]
+
+
+def _queue_keys(base: str) -> dict[str, str]:
+    """The keys every primitive has: fence, FIFO queue, parked tasks, wake lists."""
+    return {
+        "fence": f"{base}:fence",
+        "queue": f"{base}:queue",
+        "meta": f"{base}:qmeta",
+        "pmsg": f"{base}:parked",
+        "inflight": f"{base}:inflight",
+        "wake": f"{base}:wake:",
+    }
+
+
+def lock_keys(prefix: str, name: str) -> LockKeys:
+    base = tag(prefix, name)
+    return LockKeys(lock=f"{base}:lock", **_queue_keys(base))
+
+
+def multi_keys(prefix: str, name: str, kind: str) -> MultiKeys:
+    """Keys of semaphore (``kind="sem"``) or read-write lock (``kind="rw"``) ``name``."""
+    base = f"{tag(prefix, name)}:{kind}"
+    return MultiKeys(holders=f"{base}:holders", info=f"{base}:info", **_queue_keys(base))

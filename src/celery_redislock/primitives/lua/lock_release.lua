@@ -1,0 +1,52 @@
+-- Release a mutex in one round trip and hand it to the next live waiter.
+-- KEYS[1] lock key   KEYS[2] fence   KEYS[3..6] queue, meta, pmsg, inflight
+-- ARGV[1] owner token (or a token prefix when ARGV[4] == '1')
+-- ARGV[2] prefix of the wake-list keys
+-- ARGV[3] how long the fence key is kept after a grant, in ms
+-- ARGV[4] '1' to match ARGV[1] as a prefix (a worker's main process reaping
+--         the lock of a child it has killed), anything else for an exact match
+-- ARGV[5] reservation lease in ms for parked tasks granted by this call
+--         (ARGV[4] and ARGV[5] may be left out: exact match, 10000 ms)
+-- Returns 1 when released, {1, now, pairs...} when released and parked tasks
+-- were granted (pairs: token, payload, to re-publish), {0} when the caller is
+-- not the holder (nothing changed).
+
+-- The common case first, before the helpers are defined: the caller's own
+-- lock, and nobody waiting or in flight.
+if ARGV[4] ~= '1' and redis.call('GET', KEYS[1]) == ARGV[1]
+    and redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+
+-- include: _lib
+
+local lock = KEYS[1]
+local holder = redis.call('GET', lock)
+if not holder then
+  return {0}
+end
+if ARGV[4] == '1' then
+  if string.sub(holder, 1, #ARGV[1]) ~= ARGV[1] then
+    return {0}
+  end
+elseif holder ~= ARGV[1] then
+  return {0}
+end
+if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
+  redis.call('DEL', lock)
+  return 1  -- nobody waiting, nothing parked in flight
+end
+local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
+           inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[5] or '10000', keep = ARGV[3]}
+local now = now_ms()
+local out = {}
+-- Served as if free: a grant overwrites the key (SET), so it is only
+-- deleted when nobody was granted.
+local can, grant = mutex_rules(lock)
+requeue_lapsed(Q, now, 'x')
+serve(Q, now, false, can, grant, out)
+if can(nil) then
+  redis.call('DEL', lock)
+end
+return released(now, out)

@@ -1,0 +1,68 @@
+"""ReadWriteLock: many readers or one writer, writers preferred.
+
+Readers and the writer share one FIFO queue: a waiting writer stops readers
+that arrive after it, so a steady stream of readers cannot starve it, and
+the readers queued behind a writer all get in together when it leaves.  Each
+reader has its own lease, so a crashed reader blocks writers for at most
+that lease.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import keys
+from .semaphore import Semaphore, count_holders
+
+__all__ = ["ReadWriteLock", "Side"]
+
+
+class Side(Semaphore):
+    """One hold of a ReadWriteLock; acquire/release/context manager like Lock."""
+
+    RKIND = "rw"
+
+    def __init__(self, client: Any, name: str, mode: str, ttl: float, **options: Any) -> None:
+        super().__init__(client, name, 1, ttl, **options)
+        self.keys = keys.multi_keys(self.prefix, self.name, self.RKIND)
+        self.mode = mode
+        self.kind = "read lock" if mode == "r" else "write lock"
+
+    def _extra_args(self) -> list[Any]:
+        return [self.mode, 0]
+
+
+class ReadWriteLock:
+    """A read-write lock in Redis: ``with rw.read():`` / ``with rw.write():``.
+
+    Every call of :meth:`read` or :meth:`write` returns a new hold object with
+    the Lock interface (``acquire``, ``release``, ``fence``, context manager);
+    one round trip per acquire and per release.  Accepts the keyword options
+    of :class:`celery_redislock.Lock` (``timeout``, ``prefix``, ...).
+    """
+
+    def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
+        self.client = client
+        self.name = name
+        self.ttl = ttl
+        self.options = options
+        self._probe = self.write()  # validates the options now, not on first use
+        self.read()
+        self.keys = self._probe.keys
+
+    def read(self, **options: Any) -> Side:
+        """A shared hold: any number of readers at once, while no writer holds."""
+        return Side(self.client, self.name, "r", self.ttl, **{**self.options, **options})
+
+    def write(self, **options: Any) -> Side:
+        """An exclusive hold: no readers and no other writer."""
+        return Side(self.client, self.name, "x", self.ttl, **{**self.options, **options})
+
+    def holders(self) -> int:
+        """How many readers (or 1 writer) hold it now (one round trip)."""
+        return count_holders(self.client, self.keys.holders, self._probe._redis)
+
+    def write_locked(self) -> bool:
+        """Whether a writer holds it now (one round trip)."""
+        info = self.keys.info
+        return self._probe._redis("inspect", self.client.hget, info, "!writer") is not None

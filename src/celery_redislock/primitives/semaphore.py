@@ -1,0 +1,78 @@
+"""Semaphore: at most ``limit`` holders at once, each with its own lease.
+
+Unlike the "Redis in Action" counting semaphore (two transactions, racing
+between them) every operation is one script call, and unlike a bare permit
+counter a crashed holder's permit returns when its own lease runs out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _validate, transport
+from . import _scripts, keys
+from ._base import Primitive
+from .keys import MultiKeys
+
+__all__ = ["Semaphore"]
+
+
+class Semaphore(Primitive):
+    """A counting semaphore in Redis: at most ``limit`` concurrent holders.
+
+    One object holds at most one permit; use one object per concurrent
+    holder.  ``acquire()`` and ``release()`` are one round trip each; waiters
+    are served FIFO and woken by releases, not by polling.  Each permit has
+    its own lease (renewed in the background while held, like Lock), and
+    every grant gets a fencing token.
+
+    Changing the limit: each acquire stores the limit it was given, and
+    grants (including hand-overs on release) use the latest stored limit.
+    Raising it lets waiters in at once; lowering it revokes nobody, it only
+    stops new grants until the holders drop below the new limit.  Give every
+    user of one semaphore the same limit.
+
+    Accepts the keyword options of :class:`celery_redislock.Lock`.
+    """
+
+    kind = "semaphore"
+    ACQUIRE = "multi_acquire"
+    RELEASE = "multi_release"
+    CANCEL = "multi_cancel"
+    EXTEND = "multi_extend"
+    MODE = "s"
+    keys: MultiKeys
+
+    def __init__(
+        self, client: Any, name: str, limit: int, ttl: float = 30.0, **options: Any
+    ) -> None:
+        super().__init__(client, name, ttl, **options)
+        _validate.check_count(limit, f"limit of semaphore {name!r}")
+        self.limit = limit
+        self.keys = keys.multi_keys(self.prefix, self.name, "sem")
+
+    @property
+    def key(self) -> str:
+        return self.keys.holders
+
+    def _extra_args(self) -> list[Any]:
+        return [self.MODE, self.limit]
+
+    def _lease_keys(self) -> list[str]:
+        return [self.keys.holders, self.keys.info]
+
+    def holders(self) -> int:
+        """How many holders have a live lease now (one round trip)."""
+        return count_holders(self.client, self.key, self._redis)
+
+    def owned(self) -> bool:
+        """Whether this object holds a live permit, as Redis sees it (one round trip)."""
+        if self._token is None:
+            return False
+        return self._redis("owned", self.client.zscore, self.key, self._token) is not None
+
+
+def count_holders(client: Any, key: str, guard: Any) -> int:
+    """Live holders of the semaphore or read-write lock whose holders key is ``key``."""
+    block = transport.KeyBlock([key], transport.encoding_of(client))
+    return int(guard("count", transport.call, client, _scripts.get("multi_count"), block, []))

@@ -1,0 +1,253 @@
+"""``on_contention="park"``: contended runs wait in Redis, not in the broker.
+
+A contended run stores its own message (a Celery signature, serialized with
+the task's serializer) in the FIFO queue of its lock or semaphore and ends.
+Whoever's script call later grants it (normally the release of the holder)
+gets the payload back and re-publishes it with the same task id, args,
+options and callbacks.  The re-published run presents the parked token and
+claims its reserved grant; a second delivery of the same message finds the
+token claimed and is dropped, so nothing runs twice.
+
+Crash safety: a granted parked task is "in flight" until its run claims it.
+If the worker that took it dies before publishing, the reservation lapses
+after ``redislock_park_reserve`` seconds and the next script call on that
+primitive, or at the latest the sweeper (``redislock_park_sweep_interval``),
+re-grants and re-publishes it.  The sweeper also serves parked queues behind
+a holder that crashed.  Worst case before a lost hand-over is re-published:
+``park_reserve + park_sweep_interval`` (+ one round trip).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import weakref
+from typing import Any, Optional
+
+from kombu import serialization
+
+from .. import config, transport
+from ..exceptions import LockError
+from ..primitives import Lock, Primitive, Semaphore
+from ..primitives import _scripts as scripts
+from ..primitives._base import Handoff
+from ..primitives.rwlock import Side
+
+__all__ = [
+    "PARK_HEADER",
+    "SENT_HEADER",
+    "Sweeper",
+    "acquire_or_park",
+    "decode",
+    "encode",
+    "publisher",
+    "recover",
+]
+
+logger = logging.getLogger("celery_redislock.park")
+
+#: Header carrying the parked token of a re-published run.
+PARK_HEADER = "redislock_park"
+#: Header with the publish time (ms) of a park-policy task: its place in line.
+SENT_HEADER = "redislock_sent"
+
+_FAULTS = frozenset(filter(None, os.environ.get("REDISLOCK_FAULTS", "").split(",")))
+
+
+def fault(point: str) -> None:
+    """Test hook: SIGKILL this process at ``point`` when REDISLOCK_FAULTS names it."""
+    if point in _FAULTS:
+        logger.warning("fault injection: killing pid %d at %s", os.getpid(), point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def encode(sig: Any, serializer: str) -> bytes:
+    """A signature as bytes: content type, newline, body."""
+    content_type, _encoding, body = serialization.dumps(dict(sig), serializer=serializer)
+    data: bytes = body.encode("utf-8") if isinstance(body, str) else body
+    return str(content_type).encode("ascii") + b"\n" + data
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    content_type, _, body = payload.partition(b"\n")
+    ctype = content_type.decode("ascii")
+    encoding = "binary" if ctype in ("application/x-python-serialize",) else "utf-8"
+    result: dict[str, Any] = serialization.loads(body, ctype, encoding, accept={ctype})
+    return result
+
+
+def acquire_or_park(
+    prim: Primitive,
+    token: str,
+    payload: bytes | str,
+    *,
+    claim: bool = False,
+    order_ms: Optional[float] = None,
+) -> str:
+    """Take ``prim`` now, or leave ``payload`` parked in its FIFO queue under ``token``.
+
+    Returns ``"held"``, ``"parked"``, or ``"duplicate"`` when ``claim`` is
+    set and that parked token's run has already claimed it (a second
+    delivery of the same re-published task).  ``order_ms`` places a parked
+    entry in line (its publish time); default: arrival.  One round trip.
+    """
+    if prim.token is not None:
+        raise LockError(f"{prim.kind} {prim.name!r} is already held by this object", prim.key)
+    status = prim._attempt(token, 0, payload, claim, order_ms)
+    return {1: "held", 0: "parked", -1: "duplicate"}[status]
+
+
+#: The recovery script of each kind of primitive.
+_RECOVER = {Lock: "lock_recover", Semaphore: "multi_recover", Side: "multi_recover"}
+
+
+def recover(prim: Primitive) -> int:
+    """Re-grant parked tasks nobody else would wake (crash recovery); one round trip.
+
+    Returns when (server ms) it should be called again, or -1 when nothing
+    is parked any more.
+    """
+    args = [prim.keys.wake, prim.reserve_ms, prim._keep_ms]
+    reply = prim._script("recover", _RECOVER[type(prim)], args)
+    prim._hand_over(reply[1:])
+    return int(reply[0])
+
+
+def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = None) -> Any:
+    """An ``on_parked`` callback that re-publishes granted parked tasks with ``app``.
+
+    With ``prim``, the primitive is first put in the recovery index due when
+    the reservations lapse, so a hand-over lost with this process is found by
+    a sweeper within ``park_reserve + park_sweep_interval``.
+    """
+
+    # Weakly: the primitive keeps this callback, and a cycle would leave both
+    # (and a task run's request) to the garbage collector.
+    prim_ref = weakref.ref(prim) if prim is not None else None
+
+    def publish(parked: list[Handoff]) -> None:
+        owner = prim_ref() if prim_ref is not None else None
+        if owner is not None:
+            try:
+                register(owner, kind, owner.reserve_ms + 1)
+            except Exception:
+                logger.exception("could not schedule recovery of %s %r", owner.kind, owner.name)
+        fault("before-park-publish")
+        for token, payload in parked:
+            try:
+                app.signature(decode(payload)).apply_async()
+            except Exception:
+                # Not lost: the reservation lapses and recovery re-publishes it.
+                logger.exception(
+                    "could not re-publish parked task %s; it is retried after "
+                    "its reservation lapses",
+                    token,
+                )
+            else:
+                logger.info("re-published parked task %s", token.split("|", 1)[0])
+
+    return publish
+
+
+def index_key(prefix: str) -> str:
+    return f"{prefix}:parked-index"
+
+
+def primitive(
+    client: Any, prefix: str, kind: str, name: str, reserve: float, on_handoff: Any
+) -> Primitive:
+    """A handle on the primitive an index member names, for :func:`recover`."""
+    prim: Primitive
+    if kind == "sem":
+        prim = Semaphore(client, name, 1, prefix=prefix, renew=False)
+    elif kind == "rw":
+        prim = Side(client, name, "r", 30.0, prefix=prefix, renew=False)
+    else:
+        prim = Lock(client, name, prefix=prefix, renew=False)
+    return configure(prim, reserve, on_handoff)
+
+
+def configure(prim: Primitive, reserve: float, on_handoff: Any) -> Primitive:
+    """Give ``prim`` the reservation lease and re-publisher of parked entries it grants."""
+    prim.reserve_ms = max(1, int(reserve * 1000))
+    prim.on_handoff = on_handoff
+    return prim
+
+
+def register(prim: Primitive, kind: Optional[str], check_after_ms: int) -> None:
+    """Put ``prim`` in the recovery index (one round trip, only when a run parks)."""
+    _index(
+        prim.client, prim.prefix, ["add", f"{kind or 'lock'}:{prim.name}", max(1, check_after_ms)]
+    )
+
+
+def _index(client: Any, prefix: str, args: list[Any]) -> Any:
+    """One call of the park index script (its key lives in its own slot)."""
+    block = transport.KeyBlock([index_key(prefix)], transport.encoding_of(client))
+    return transport.call(client, scripts.get("park_index"), block, args)
+
+
+class Sweeper:
+    """Per-process thread that recovers parked tasks of crashed holders/releasers."""
+
+    BATCH = 50
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.pid = os.getpid()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="redislock-park-sweeper", daemon=True)
+
+    def _run(self) -> None:
+        settings = config.settings_for(self.app)
+        while not self.stop.wait(settings.park_sweep_interval):
+            try:
+                self.sweep()
+            except Exception:
+                logger.exception("park sweep failed")
+
+    def sweep(self) -> int:
+        """One pass; returns how many primitives it checked."""
+        settings = config.settings_for(self.app)
+        client = config.client_for(self.app)
+        prefix = settings.key_prefix
+        claim_ms = int(settings.park_reserve * 1000)
+        due = _index(client, prefix, ["due", self.BATCH, claim_ms])
+        for i in range(0, len(due), 2):
+            member = due[i].decode() if isinstance(due[i], bytes) else due[i]
+            claim = due[i + 1]
+            kind, _, name = member.partition(":")
+            try:
+                prim = primitive(
+                    client,
+                    settings.key_prefix,
+                    kind,
+                    name,
+                    settings.park_reserve,
+                    publisher(self.app),
+                )
+                nxt = recover(prim)
+            except Exception:
+                logger.exception("recovering parked tasks of %s failed", member)
+                continue
+            _index(client, prefix, ["done", member, nxt, claim])
+        return len(due) // 2
+
+
+_sweepers: dict[int, Sweeper] = {}
+_lock = threading.Lock()
+
+
+def ensure_sweeper(app: Any) -> None:
+    """Start this process's sweeper for ``app`` once (again after fork)."""
+    key = id(app)
+    s = _sweepers.get(key)
+    if s is not None and s.pid == os.getpid():
+        return
+    with _lock:
+        s = _sweepers.get(key)
+        if s is None or s.pid != os.getpid():
+            s = _sweepers[key] = Sweeper(app)
+            s.thread.start()

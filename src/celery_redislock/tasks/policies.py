@@ -1,0 +1,229 @@
+"""What a LockedTask run does when its lock is held: the contention policies.
+
+``retry``, ``skip``, ``wait``, ``fail`` and ``park``.  Each function that
+applies one ends the run by raising (Retry, Ignore or an exception); the
+task's ``__call__`` has not entered the body, and holds nothing.  The pure
+decisions (owner tokens, backoff, the policy that applies to a run) come
+first.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Optional
+
+from celery.exceptions import Ignore, Retry
+
+from .. import config, signals
+from ..exceptions import LockContended, TaskSkipped
+from ..primitives import Primitive
+from . import parking
+
+__all__ = [
+    "CALL_OPTIONS_HEADER",
+    "RETRIES_HEADER",
+    "backoff",
+    "contended",
+    "effective_policy",
+    "holder_task_id",
+    "owner_prefix",
+    "parked",
+    "retry_later",
+]
+
+logger = logging.getLogger("celery_redislock")
+
+#: Message header counting contention retries (separate from Celery's ``retries``,
+#: so contention never consumes the task's own ``max_retries``).
+RETRIES_HEADER = "redislock_retries"
+#: Message header carrying the per-call options (``apply_async(redislock={...})``).
+CALL_OPTIONS_HEADER = "redislock_options"
+_SEP = "|"
+
+
+def owner_prefix(task_id: str, hostname: Optional[str], pid: int) -> str:
+    """The owner-token prefix of one task run: task id, worker hostname and pid.
+
+    The worker's main process rebuilds it from its own Request to reap the
+    lock of a child it killed (hard time limit, revoke with terminate).
+    """
+    return f"{task_id}{_SEP}{hostname or ''}{_SEP}{pid}{_SEP}"
+
+
+def holder_task_id(token: Optional[str]) -> Optional[str]:
+    """The task id inside an owner token (or the whole token of a non-task holder)."""
+    if token is None:
+        return None
+    return token.split(_SEP, 1)[0] if _SEP in token else token
+
+
+def backoff(attempt: int, base: float, cap: float, rand: Optional[random.Random] = None) -> float:
+    """Delay before contention retry number ``attempt`` (0-based), in seconds.
+
+    Exponential (``base * 2**attempt``), capped at ``cap``, with "equal
+    jitter": uniformly between half and all of it, so duplicates that collided
+    once spread out instead of colliding again.
+    """
+    ceiling = float(min(cap, base * 2.0 ** min(attempt, 62)))
+    r: float = (rand or random).random()
+    return ceiling / 2 + r * ceiling / 2
+
+
+def effective_policy(policy: str, is_eager: bool) -> str:
+    """The policy that applies to one run.
+
+    Eager runs (``apply()``, ``task_always_eager``) have no broker to re-send
+    to, so ``retry`` waits instead.
+    """
+    if is_eager and policy == "retry":
+        return "wait"
+    return policy
+
+
+# -- applying a policy -------------------------------------------------------------
+
+
+def _announce(task: Any, request: Any, prim: Primitive, policy: str) -> Optional[str]:
+    """Send ``lock_contended`` for this run; returns the holder's task id."""
+    holder = holder_task_id(prim.holder)
+    signals.lock_contended.send(
+        sender=task,
+        request=request,
+        key=prim.key,
+        name=prim.name,
+        holder=holder,
+        ttl_ms=prim.holder_ttl_ms,
+        policy=policy,
+    )
+    return holder
+
+
+def outcome(task: Any, request: Any, prim: Primitive, policy: str, what: str) -> None:
+    """The one WARNING line of a contention outcome: task, lock, holder, policy."""
+    logger.warning(
+        "%s[%s]: %s %r is held by task %s; %s (on_contention=%s)",
+        task.name,
+        request.id,
+        prim.kind,
+        prim.name,
+        holder_task_id(prim.holder),
+        what,
+        policy,
+    )
+
+
+def contended(task: Any, request: Any, prim: Primitive, policy: str) -> None:
+    """The lock is held by someone else; apply ``policy`` (never returns)."""
+    ttl_ms = prim.holder_ttl_ms
+    waited = ""
+    if policy == "wait":  # the wait timed out
+        waited = f"waited {task.lock_option('lock_wait_timeout', request)} s, then "
+        fallback = "fail" if request.is_eager else task.lock_option("lock_wait_fallback", request)
+        policy = f"wait, then {fallback}"
+    holder = _announce(task, request, prim, policy)
+    what = f"{prim.kind} {prim.name!r} is held by task {holder} for another {ttl_ms} ms"
+    if policy == "skip":
+        skip(task, request, prim, holder, ttl_ms)
+    if policy.endswith("fail"):
+        outcome(task, request, prim, policy, f"{waited}failed with LockContended")
+        raise LockContended(f"{task.name}[{request.id}]: {what}", prim.key, holder, ttl_ms)
+    retry_later(task, request, LockContended(what, prim.key, holder, ttl_ms), prim, policy)
+
+
+def skip(
+    task: Any, request: Any, prim: Primitive, holder: Optional[str], ttl_ms: Optional[int]
+) -> None:
+    exc = TaskSkipped(
+        f"{task.name}[{request.id}] skipped: {prim.kind} {prim.name!r} is held by task {holder}",
+        prim.key,
+        holder,
+        ttl_ms,
+    )
+    outcome(task, request, prim, "skip", "skipped")
+    signals.task_skipped.send(
+        sender=task, request=request, key=prim.key, name=prim.name, holder=holder
+    )
+    if request.is_eager:
+        raise exc
+    # FAILURE with TaskSkipped: get() raises promptly and names the holder.
+    # No errbacks (a skip is not an error); chained tasks are marked too, so
+    # nothing downstream waits forever.  Ignore then stops the tracer from
+    # storing anything else or running callbacks.
+    value = getattr(request, "ignore_result", None)
+    ignore_result = bool(task.ignore_result if value is None else value)
+    task.backend.mark_as_failure(
+        request.id, exc, request=request, call_errbacks=False, store_result=not ignore_result
+    )
+    raise Ignore(str(exc))
+
+
+def retry_later(
+    task: Any,
+    request: Any,
+    reason: Exception,
+    prim: Optional[Primitive] = None,
+    policy: str = "retry",
+) -> None:
+    """Re-send this run's message after a jittered backoff (never returns).
+
+    Same task id, args, kwargs, routing, priority, headers (per-call options
+    included), links and chain.  Celery's own ``retries`` is left as it was;
+    contention retries are counted in the ``redislock_retries`` header
+    against ``lock_retry_max``.
+    """
+    headers = message_headers(request)
+    attempt = int(header(request, RETRIES_HEADER) or 0)
+    limit = task.lock_option("lock_retry_max", request)
+    if limit is not None and attempt >= limit:
+        if isinstance(reason, LockContended):
+            if prim is not None:
+                outcome(task, request, prim, policy, f"failed after {attempt} contention retries")
+            raise LockContended(
+                f"{task.name}[{request.id}]: gave up after {attempt} contention retries; {reason}",
+                reason.key,
+                reason.holder,
+                reason.ttl_ms,
+            ) from reason
+        raise reason
+    cap = task.lock_option("lock_retry_backoff_max", request)
+    vt = config.visibility_timeout(task.app.conf)
+    if vt is not None:
+        cap = min(cap, vt / 2)  # a countdown past it would be redelivered: a duplicate run
+    delay = backoff(attempt, task.lock_option("lock_retry_backoff", request), cap)
+    if prim is not None:
+        outcome(task, request, prim, policy, f"retry {attempt + 1} in {delay:.2f} s")
+    headers[RETRIES_HEADER] = attempt + 1
+    sig = task.signature_from_request(request, countdown=delay, headers=headers)
+    sig.apply_async()  # if this fails, the run fails visibly with the error
+    raise Retry(
+        f"lock contended, retry {attempt + 1} in {delay:.2f}s", exc=reason, when=delay, sig=sig
+    )
+
+
+def parked(task: Any, request: Any, prim: Primitive, kind: Optional[str]) -> None:
+    """This run's message now waits in the primitive's queue (never returns)."""
+    parking.register(prim, kind, (prim.holder_ttl_ms or 0) + 50)
+    holder = _announce(task, request, prim, "park")
+    outcome(task, request, prim, "park", "parked until it is released")
+    raise Ignore(f"parked behind task {holder}")
+
+
+# -- message headers ---------------------------------------------------------------
+
+
+def header(request: Any, name: str) -> Any:
+    """A header of this run's message (Celery shows custom headers in
+    ``request.headers`` or as attributes of the request, depending on version)."""
+    value = (request.headers or {}).get(name)
+    return value if value is not None else getattr(request, name, None)
+
+
+def message_headers(request: Any) -> dict[str, Any]:
+    """The headers a re-sent copy of this run's message carries (ours included)."""
+    headers = dict(request.headers or {})
+    for name in (CALL_OPTIONS_HEADER, RETRIES_HEADER):
+        value = header(request, name)
+        if value is not None:
+            headers.setdefault(name, value)
+    return headers

@@ -1,0 +1,534 @@
+"""Script calls through the caller's redis-py client, one round trip each.
+
+Three kinds of client, told apart once per call by their type:
+
+- a ``redis.Redis`` with a connection pool (plain, TLS, unix socket, Sentinel's
+  ``master_for``, a ``BlockingConnectionPool``): a
+  connection is taken from the pool for the call and given back after it, as
+  redis-py's own commands do, so whatever the pool does on checkout
+  (Sentinel's master discovery, a bounded pool's wait, a stale-data check)
+  happens here too.  The packed command goes out through the connection's
+  ``send_packed_command`` (health check, connect and authenticate on demand)
+  and its reply comes back through ``read_response`` (the connection's parser
+  and error mapping, RESP3 pushes), under the connection's retry policy.
+- a ``redis.cluster.RedisCluster``: ``execute_command``, which routes by the
+  keys' hash slot and follows MOVED and ASK; a batch goes out as one pipeline
+  per node that owns some of its keys.
+- anything else with ``execute_command`` (a single-connection client, a
+  client-side caching pool, a subclass with its own ``execute_command``):
+  ``execute_command``.
+
+Every reply is read undecoded (``decode_responses`` does not apply): the
+scripts return bytes the primitives parse, and parked task payloads may not
+be text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    ClusterDownError,
+    ConnectionError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    TimeoutError,
+    TryAgainError,
+)
+
+from . import _own
+from ._encode import KeyBlock, pack_command
+
+_record: Any
+try:  # redis-py >= 7: per-command metrics, when the user has turned them on
+    from redis.observability.recorder import record_operation_duration as _record
+except ImportError:  # pragma: no cover - older redis-py
+    _record = None
+
+__all__ = [
+    "UNREACHABLE",
+    "DeadlineExceeded",
+    "NotReplicated",
+    "Reply",
+    "ReplyLost",
+    "call",
+    "call_batch",
+    "call_soon",
+    "encoding_of",
+]
+
+#: Errors that mean "the lock store could not be reached or cannot take
+#: writes now", as opposed to a bad command: every ConnectionError (which
+#: includes LOADING, NOAUTH, WRONGPASS and "max number of clients"), timeouts,
+#: a replica answering READONLY, and a cluster that is down or resharding.
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    ReadOnlyError,
+    ClusterDownError,
+    TryAgainError,
+    OSError,
+)
+
+#: Script is a redis-py ``Script`` (or anything with ``sha`` and ``script``).
+Script = Any
+#: One script call: (script, keys, args).
+Call = tuple[Script, KeyBlock, list[Any]]
+
+
+#: How many times a deadline-bounded call is sent, at most (a reconnect each time).
+_DEADLINE_TRIES = 3
+
+
+class DeadlineExceeded(TimeoutError):
+    """No reply came before the caller's deadline (see :func:`call`)."""
+
+
+class ReplyLost(ConnectionError):
+    """The connection broke after a command was sent, before its reply was read:
+    the command may or may not have run."""
+
+
+def encoding_of(client: Any) -> str:
+    """The encoding ``client`` sends strings in (redis-py's default: UTF-8)."""
+    try:
+        return str(client.get_encoder().encoding)
+    except AttributeError:
+        return "utf-8"
+
+
+def call(
+    client: Any,
+    script: Script,
+    block: KeyBlock,
+    args: list[Any],
+    *,
+    sends: Optional[list[int]] = None,
+    deadline: Optional[float] = None,
+    replicas: Optional[tuple[int, int]] = None,
+) -> Any:
+    """Run ``script`` on ``block``'s keys with ``args``: one round trip once loaded.
+
+    Error replies raise as redis-py raises them; NOSCRIPT (a restarted or
+    flushed server) loads the script and sends the call again.  ``sends``,
+    when given, gets one item per time the call went out after a connection
+    failure could have let an earlier one run (the client's retry policy).
+
+    ``deadline`` (time.monotonic()) bounds the call: a reply not read by then
+    raises TimeoutError, and a failed try is sent again only while time is
+    left, instead of under the client's retry policy.  Connecting is bounded
+    by the connection's own timeouts.
+
+    ``replicas`` ``(n, timeout_ms)``: ``WAIT n timeout_ms`` goes out right
+    after the call, on the same connection and in the same round trip; the
+    result is then ``(reply, replicas that acknowledged)``.
+    """
+    wait = None if replicas is None else pack_command("WAIT", *replicas)
+    pool = _pool_of(client)
+    if pool is None:
+        if sends is not None:
+            sends.append(1)
+        if wait is not None:
+            return _execute_and_wait(client, script, block, args, replicas)  # type: ignore[arg-type]
+        return _execute(client, script, block, args)
+    packed = block.evalsha(script.sha, args)
+    try:
+        replies = _roundtrip(pool, packed, sends, deadline, wait)
+    except NoScriptError:
+        if sends is not None:
+            sends.clear()  # an unknown script runs nothing
+        client.script_load(script.script)
+        replies = _roundtrip(pool, packed, sends, deadline, wait)
+    return replies[0] if wait is None else (replies[0], int(replies[1]))
+
+
+def _execute_and_wait(
+    client: Any, script: Script, block: KeyBlock, args: list[Any], replicas: tuple[int, int]
+) -> tuple[Any, int]:
+    """The call and its WAIT in one pipeline: one connection (the owning
+    node's, on a cluster), so WAIT counts that call's writes."""
+    target = client
+    if isinstance(client, RedisCluster):
+        target = client.get_redis_connection(_node(client, block.keys[0]))
+    for attempt in (0, 1):
+        pipe = target.pipeline(transaction=False)
+        pipe.execute_command(*block.evalsha_args(script.sha, args), NEVER_DECODE=True)
+        pipe.execute_command("WAIT", *replicas)
+        reply, acked = pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError) and not attempt:
+            target.script_load(script.script)
+            continue
+        if isinstance(reply, Exception):
+            raise reply
+        break
+    return reply, int(acked)
+
+
+def call_soon(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> Reply:
+    """Send the call now and return its :class:`Reply`, to be read later.
+
+    The connection stays out of the pool until the reply is read.  Where a
+    call cannot be split (a cluster or a single-connection client), it is
+    made in full here and the Reply holds its outcome.
+    """
+    pool = _pool_of(client)
+    if pool is None:
+        try:
+            return Reply.done(_execute(client, script, block, args))
+        except Exception as exc:
+            return Reply.done(None, exc)
+    packed = block.evalsha(script.sha, args)
+    conn = _checkout(pool)
+    try:
+        conn.retry.call_with_retry(
+            lambda: conn.send_packed_command([packed]), lambda error: conn.disconnect()
+        )
+    except BaseException:
+        _checkin(pool, conn)
+        raise
+    return Reply(client, pool, conn, script, block, args)
+
+
+class Reply:
+    """The reply of a command sent by :func:`call_soon`; :meth:`get` reads it once."""
+
+    __slots__ = ("_call", "_conn", "_error", "_pool", "_value", "client")
+
+    def __init__(
+        self,
+        client: Any,
+        pool: Any,
+        conn: Any,
+        script: Script = None,
+        block: Optional[KeyBlock] = None,
+        args: Optional[list[Any]] = None,
+    ) -> None:
+        self.client = client
+        self._pool = pool
+        self._conn = conn
+        self._call = (script, block, args)
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+
+    @classmethod
+    def done(cls, value: Any, error: Optional[BaseException] = None) -> Reply:
+        reply = cls(None, None, None)
+        reply._value, reply._error = value, error
+        return reply
+
+    @property
+    def pending(self) -> bool:
+        return self._conn is not None
+
+    def get(self) -> Any:
+        """The reply; raises what :func:`call` would, or :class:`ReplyLost` when the
+        connection broke after the command was sent."""
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            try:
+                self._value = conn.read_response(disable_decoding=True)
+            except NoScriptError:
+                _checkin(self._pool, conn)
+                script, block, args = self._call
+                self.client.script_load(script.script)
+                self._value = call(self.client, script, block, args)  # type: ignore[arg-type]
+            except ResponseError as exc:
+                _checkin(self._pool, conn)
+                self._error = exc
+            except BaseException as exc:
+                conn.disconnect()  # the reply may still come: never hand it on
+                _checkin(self._pool, conn)
+                if not isinstance(exc, UNREACHABLE):
+                    raise  # an interruption (a soft time limit): let it through
+                self._error = ReplyLost(f"reply lost: {exc!r}")
+                self._error.__cause__ = exc
+            else:
+                _checkin(self._pool, conn)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def __del__(self) -> None:
+        conn = self._conn
+        if conn is not None:  # never read: the connection is out of step
+            try:
+                conn.disconnect()
+                self._pool.release(conn)
+            except Exception:  # interpreter shutdown, a closed pool
+                pass
+
+
+class NotReplicated(Exception):
+    """A call ran, but fewer replicas than asked acknowledged it in time."""
+
+    def __init__(self, acked: int, wanted: int, reply: Any = None) -> None:
+        super().__init__(f"{acked} of {wanted} replicas acknowledged in time")
+        self.acked = acked
+        self.wanted = wanted
+        #: What the call itself replied.
+        self.reply = reply
+
+
+def call_batch(
+    client: Any, calls: Sequence[Call], replicas: Optional[tuple[int, int]] = None
+) -> list[Any]:
+    """Run every call, one round trip per server; each result is the reply or
+    the exception that call ended with (an error reply, or the connection's
+    failure for every call that went to that server).  ``replicas`` ``(n,
+    timeout_ms)`` ends each server's pipeline with ``WAIT``; a call that ran
+    where fewer than ``n`` replicas acknowledged ends with NotReplicated."""
+    results: list[Any] = [None] * len(calls)
+    if isinstance(client, RedisCluster):
+        groups: dict[Any, list[int]] = {}
+        for i, (_, block, _) in enumerate(calls):
+            node = _node(client, block.keys[0])
+            groups.setdefault(node.name, []).append(i)
+        for indexes in groups.values():
+            node = _node(client, calls[indexes[0]][1].keys[0])
+            _pipeline(client.get_redis_connection(node), calls, indexes, results, replicas)
+        for i, result in enumerate(results):
+            if isinstance(result, (MovedError, AskError, TryAgainError)):
+                # Resharding: this one goes alone, through the cluster's redirects.
+                results[i] = _guarded(client, calls[i], replicas)
+        return results
+    if _pool_of(client) is None:
+        return [_guarded(client, c, replicas) for c in calls]
+    _pipeline(client, calls, list(range(len(calls))), results, replicas)
+    return results
+
+
+def _guarded(client: Any, one: Call, replicas: Optional[tuple[int, int]] = None) -> Any:
+    try:
+        if replicas is None:
+            return _execute(client, *one)
+        reply, acked = _execute_and_wait(client, *one, replicas)
+        return reply if acked >= replicas[0] else NotReplicated(acked, replicas[0], reply)
+    except Exception as exc:
+        return exc
+
+
+def _pipeline(
+    client: Any,
+    calls: Sequence[Call],
+    indexes: list[int],
+    results: list[Any],
+    replicas: Optional[tuple[int, int]] = None,
+) -> None:
+    """Send ``calls[i]`` for each i in ``indexes`` on ``client`` (a ``redis.Redis``)
+    in one non-transactional pipeline; NOSCRIPT loads the scripts and sends
+    those calls once more."""
+    for attempt in (0, 1):
+        pipe = client.pipeline(transaction=False)
+        for i in indexes:
+            script, block, args = calls[i]
+            pipe.execute_command(*block.evalsha_args(script.sha, args), NEVER_DECODE=True)
+        if replicas is not None:
+            pipe.execute_command("WAIT", *replicas)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except UNREACHABLE as exc:
+            for i in indexes:
+                results[i] = exc
+            return
+        if replicas is not None:
+            acked = replies.pop()
+            short = not isinstance(acked, int) or acked < replicas[0]
+            if short:
+                count = acked if isinstance(acked, int) else 0
+                replies = [
+                    r if isinstance(r, Exception) else NotReplicated(count, replicas[0], r)
+                    for r in replies
+                ]
+        for i, reply in zip(indexes, replies):
+            results[i] = reply
+        missing = [i for i in indexes if isinstance(results[i], NoScriptError)]
+        if not missing or attempt:
+            return
+        for script in {calls[i][0].sha: calls[i][0] for i in missing}.values():
+            client.script_load(script.script)
+        indexes = missing
+
+
+def _unauthenticated(exc: ResponseError) -> Optional[AuthenticationError]:
+    """An AuthenticationError when ``exc`` is how Redis refuses a client that has
+    not authenticated (before redis-py 5.1 no handshake comes first, and Redis
+    answers a long unauthenticated command with a protocol error)."""
+    if str(exc).startswith("Protocol error: unauthenticated"):
+        return AuthenticationError(str(exc))
+    return None
+
+
+def _execute(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> Any:
+    command = block.evalsha_args(script.sha, args)
+    try:
+        return client.execute_command(*command, NEVER_DECODE=True)
+    except NoScriptError:
+        if isinstance(client, RedisCluster):
+            # Load it on the node that owns the keys (SCRIPT LOAD would go to one
+            # node chosen by redis-py, not necessarily that one).
+            node = _node(client, block.keys[0])
+            client.get_redis_connection(node).script_load(script.script)
+        else:
+            client.script_load(script.script)
+        return client.execute_command(*command, NEVER_DECODE=True)
+
+
+def _node(client: Any, key: Any) -> Any:
+    """The cluster node that owns ``key``'s hash slot."""
+    return client.get_node_from_key(key)
+
+
+def _pool_of(client: Any) -> Any:
+    """The pool a call borrows a connection from, or None: use execute_command."""
+    if type(client) is redis.Redis or (isinstance(client, redis.Redis) and _plain(type(client))):
+        pool = client.connection_pool
+        # Not a single-connection client, nor a client-side caching pool (whose
+        # connections answer some reads from the cache: only its own commands
+        # keep that bookkeeping straight).
+        if client.connection is None and getattr(pool, "cache", None) is None:
+            return pool
+    return None
+
+
+@functools.cache
+def _plain(kind: Any) -> bool:
+    """Whether a redis.Redis subclass sends commands the way redis.Redis does."""
+    return all(
+        getattr(kind, name) is getattr(redis.Redis, name)
+        for name in ("execute_command", "_execute_command", "parse_response")
+        if hasattr(redis.Redis, name)
+    )
+
+
+def _roundtrip(
+    pool: Any,
+    packed: bytes,
+    sends: Optional[list[int]] = None,
+    deadline: Optional[float] = None,
+    then: Optional[bytes] = None,
+) -> list[Any]:
+    """Send ``packed`` (and ``then`` after it, in the same write) on a
+    connection of ``pool``; their replies.  An error reply to ``packed``
+    raises once ``then``'s reply has been read too."""
+    # A call bounded by a deadline goes on a connection of our own whose
+    # connecting is bounded too, and is retried only while time is left.
+    conn = _checkout(pool) if deadline is None else _own.take(pool)
+    started = time.monotonic()
+    commands = [packed] if then is None else [packed, then]
+
+    def read(timed: bool) -> list[Any]:
+        replies: list[Any] = []
+        for _ in commands:
+            if timed:
+                left = deadline - time.monotonic()  # type: ignore[operator]
+                if left <= 0 or not conn.can_read(timeout=left):
+                    raise DeadlineExceeded("no reply before the caller's deadline")
+            try:
+                replies.append(conn.read_response(disable_decoding=True))
+            except ResponseError as exc:
+                replies.append(exc)
+        if isinstance(replies[0], ResponseError):
+            raise replies[0]
+        return replies
+
+    def send_and_read() -> list[Any]:
+        if sends is not None:
+            sends.append(1)
+        conn.send_packed_command(commands)
+        return read(False)
+
+    def send_and_read_by_deadline() -> list[Any]:
+        for tries_left in range(_DEADLINE_TRIES - 1, -1, -1):
+            if sends is not None:
+                sends.append(1)
+            try:
+                conn.send_packed_command(commands)
+                return read(True)
+            except ResponseError:
+                raise
+            except UNREACHABLE as exc:
+                conn.disconnect()
+                left = deadline - time.monotonic()  # type: ignore[operator]
+                if isinstance(exc, DeadlineExceeded):
+                    raise
+                if left <= 0:
+                    raise DeadlineExceeded(f"out of time after {exc!r}") from exc
+                if not tries_left:
+                    raise  # (a refused connect fails at once: do not spin)
+                time.sleep(min(0.05, left))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    replies: list[Any]
+    try:
+        if deadline is None:
+            replies = conn.retry.call_with_retry(send_and_read, lambda error: conn.disconnect())
+        else:
+            replies = send_and_read_by_deadline()
+    except ResponseError as exc:  # an error reply: the connection is in step
+        if _record is not None:
+            _observe(conn, started, exc)
+        refused = _unauthenticated(exc)
+        if refused is None:
+            raise
+        conn.disconnect()  # (Redis closes it too)
+        raise refused from exc
+    except BaseException as exc:
+        # Sent but perhaps not read (an interruption, a timeout): a reply may
+        # still come, and must never be taken for the next command's.
+        conn.disconnect()
+        if _record is not None and isinstance(exc, Exception):
+            _observe(conn, started, exc)
+        raise
+    finally:
+        if deadline is None:
+            _checkin(pool, conn)
+        else:
+            _own.give_back(pool, conn)
+    if _record is not None:
+        _observe(conn, started, None)
+    return replies
+
+
+def _observe(conn: Any, started: float, error: Optional[Exception]) -> None:
+    with contextlib.suppress(Exception):  # metrics must never break a lock
+        _record(
+            "EVALSHA",
+            time.monotonic() - started,
+            server_address=getattr(conn, "host", None),
+            server_port=getattr(conn, "port", None),
+            db_namespace=str(getattr(conn, "db", "")),
+            error=error,
+        )
+
+
+def _checkout(pool: Any) -> Any:
+    """A connection from ``pool``, asked for the way its redis-py version wants."""
+    if _wants_command_name(pool.__class__):
+        return pool.get_connection("EVALSHA")  # redis-py before 5.3
+    return pool.get_connection()
+
+
+def _checkin(pool: Any, conn: Any) -> None:
+    should_reconnect: Optional[Callable[[], bool]] = getattr(conn, "should_reconnect", None)
+    if should_reconnect is not None and should_reconnect():
+        conn.disconnect()  # the server asked (maintenance): reconnect on next use
+    pool.release(conn)
+
+
+@functools.cache
+def _wants_command_name(pool_class: Any) -> bool:
+    parameters = inspect.signature(pool_class.get_connection).parameters
+    name = parameters.get("command_name")
+    return name is not None and name.default is inspect.Parameter.empty

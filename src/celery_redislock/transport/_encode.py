@@ -1,0 +1,74 @@
+"""Packing script calls: a primitive's keys encoded once, its arguments per call.
+
+redis-py encodes every argument of every command anew; a primitive's keys
+never change, so :class:`KeyBlock` encodes them once, in the client's
+encoding, and keeps the head of each EVALSHA it has sent (name, sha, key
+count, keys) ready to append the call's few arguments to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["KeyBlock", "pack_arg", "pack_command"]
+
+
+class KeyBlock:
+    """The keys of one primitive: as given, encoded, and packed for EVALSHA."""
+
+    __slots__ = ("encoded", "encoding", "heads", "keys", "packed")
+
+    def __init__(self, keys: list[str], encoding: str = "utf-8") -> None:
+        self.keys = keys
+        self.encoding = encoding
+        self.encoded = [key.encode(encoding) for key in keys]
+        count = str(len(keys)).encode()
+        self.packed = b"$%d\r\n%s\r\n" % (len(count), count) + b"".join(
+            [b"$%d\r\n%s\r\n" % (len(k), k) for k in self.encoded]
+        )
+        #: (script sha, number of args) -> the command up to its first argument.
+        self.heads: dict[tuple[str, int], bytes] = {}
+
+    def evalsha(self, sha: str, args: list[Any]) -> bytes:
+        """``EVALSHA sha <keys> <args>``, packed as the Redis protocol sends it."""
+        head = self.heads.get((sha, len(args)))
+        if head is None:
+            n = 3 + len(self.keys) + len(args)
+            head = self.heads[sha, len(args)] = (
+                b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (n, sha.encode()) + self.packed
+            )
+        encoding = self.encoding
+        return head + b"".join([pack_arg(a, encoding) for a in args])
+
+    def evalsha_args(self, sha: str, args: list[Any]) -> list[Any]:
+        """The same call as arguments for redis-py's ``execute_command``."""
+        return ["EVALSHA", sha, len(self.keys), *self.encoded, *args]
+
+
+def pack_arg(value: Any, encoding: str = "utf-8") -> bytes:
+    """One bulk string of the Redis protocol, encoded as redis-py would."""
+    kind = type(value)
+    if kind is str:
+        data = value.encode(encoding)
+    elif kind is int:
+        data = b"%d" % value
+    elif kind is bytes:
+        data = value
+    elif isinstance(value, bool) or value is None:
+        raise TypeError(f"cannot send {value!r} to Redis")
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+    elif isinstance(value, str):
+        data = str(value).encode(encoding)
+    elif isinstance(value, int):
+        data = b"%d" % int(value)
+    elif isinstance(value, float):
+        data = repr(float(value)).encode()
+    else:
+        raise TypeError(f"cannot send {value!r} to Redis")
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def pack_command(*args: Any, encoding: str = "utf-8") -> bytes:
+    """A whole command (name first), packed."""
+    return b"*%d\r\n" % len(args) + b"".join([pack_arg(a, encoding) for a in args])

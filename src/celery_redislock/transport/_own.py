@@ -1,0 +1,79 @@
+"""Connections of the library's own, made like the pool's but kept outside it.
+
+A blocked wait holds its connection for as long as it waits; taken from the
+client's pool it would starve a bounded pool (``BlockingConnectionPool``,
+``max_connections``), where waiters would hold every connection while the
+holders they wait for could not renew or release.  Calls bounded by a
+caller's deadline (``acquire(timeout=...)``) need a connection whose every
+step is bounded too.  Both use connections made by the pool's own connection
+class from the pool's own settings (TLS, auth, a Sentinel connection still
+asks the sentinels where the master is), with two changes:
+
+- no retries: a deadline-bounded caller retries in its own loop, only while
+  time is left (redis-py's retry policy would reconnect with backoff, for as
+  long as it is configured to);
+- connect and socket timeouts of :data:`CONNECT_TIMEOUT` where the pool has
+  none, so that connecting (TCP, then the handshake) is bounded.
+
+They are kept, idle, for the next use, one per wait or call in progress, and
+closed when the client's pool goes away.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+__all__ = ["CONNECT_TIMEOUT", "connect_timeout", "give_back", "take"]
+
+#: Connect and socket timeout of an own connection when the pool sets none, s.
+CONNECT_TIMEOUT = 1.0
+
+#: The attribute of a pool that holds its idle own connections.  They live on
+#: the pool, not in a table of this module, so they go when it goes: a
+#: connection's settings can refer back to the client that owns the pool
+#: (redis-py's maintenance-notification handler does), and a process-wide
+#: table of them would keep that client alive for ever.
+_IDLE = "_celery_redislock_idle_waits"
+_idle_lock = threading.Lock()
+
+
+def connect_timeout(client: Any) -> float:
+    """How long connecting an own connection of ``client``'s pool may take, s."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return float(kwargs.get("socket_connect_timeout") or CONNECT_TIMEOUT)
+
+
+def take(pool: Any) -> Any:
+    """An idle own connection of ``pool``, or a new one (not connected yet)."""
+    with _idle_lock:
+        pid, idle = getattr(pool, _IDLE, (None, None))
+        if idle and pid == os.getpid():  # a forked child does not use the parent's sockets
+            return idle.pop()
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs["socket_connect_timeout"] = kwargs.get("socket_connect_timeout") or CONNECT_TIMEOUT
+    kwargs["socket_timeout"] = kwargs.get("socket_timeout") or CONNECT_TIMEOUT
+    return pool.connection_class(**kwargs)
+
+
+def give_back(pool: Any, conn: Any) -> None:
+    """Keep ``conn`` for the next use (a disconnected one reconnects then)."""
+    with _idle_lock:
+        pid, idle = getattr(pool, _IDLE, (None, None))
+        if idle is None or pid != os.getpid():
+            pid, idle = os.getpid(), []
+            setattr(pool, _IDLE, (pid, idle))
+        idle.append(conn)
+
+
+def _reset_after_fork() -> None:
+    global _idle_lock
+    _idle_lock = threading.Lock()  # it may have been held by a thread of the parent
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,121 @@
+"""Blocking waits on a connection of the library's own (see :mod:`._own`).
+
+A blocked BLPOP holds its connection for as long as it waits: taken from the
+client's pool, it would starve a bounded pool.  Waits use own connections,
+one per wait in progress, kept for the next wait once it is over.
+
+The wait is bounded by the caller, not by the socket: the BLPOP asks Redis to
+block for ``timeout`` seconds, and the reply is awaited that long plus a
+margin, after which the connection is closed and the wait counts as woken by
+nobody.  A stalled network never stretches a wait past its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import redis
+from redis.cluster import RedisCluster
+
+from . import _own
+from ._encode import pack_command
+
+__all__ = ["MARGIN", "wait_pop"]
+
+#: How long past a BLPOP's own timeout its reply is awaited, in seconds.
+MARGIN = 0.25
+
+
+def wait_pop(
+    client: Any, key: str, timeout: float, deadline: Optional[float] = None
+) -> Optional[bytes]:
+    """BLPOP ``key`` for at most ``timeout`` seconds; the value popped, or None.
+
+    None also when no reply came within ``timeout`` plus :data:`MARGIN`, or by
+    ``deadline`` (time.monotonic()) when given: the connection is then closed.
+    Raises redis-py's errors when the connection cannot be made or breaks.
+    On a Redis Cluster, a wait whose slot moves (Redis answers a blocked
+    BLPOP with MOVED when its slot is resharded, and ASK while it migrates)
+    follows the slot to its new node for the time left.
+    """
+    ends = time.monotonic() + max(0.0, float(timeout))
+    if deadline is not None and ends > deadline - _EARLY:
+        # The last wait before the caller's deadline: Redis answers a little
+        # early, so its reply is read by the deadline.
+        ends = max(time.monotonic(), deadline - _EARLY)
+    read_by = ends + MARGIN if deadline is None else min(ends + MARGIN, deadline)
+    pool, asking = _pool_for(client, key), False
+    for _ in range(_REDIRECTS):
+        try:
+            return _pop(pool, key, ends - time.monotonic(), read_by, asking)
+        except redis.exceptions.AskError as redirect:  # MOVED is a kind of ASK
+            if not isinstance(client, RedisCluster):
+                raise
+            pool = _follow(client, redirect)
+            asking = not isinstance(redirect, redis.exceptions.MovedError)
+    raise redis.exceptions.ClusterError(f"BLPOP {key!r} redirected {_REDIRECTS} times")
+
+
+#: How much earlier than a caller's deadline its last BLPOP ends, in seconds.
+_EARLY = 0.02
+
+#: How many MOVED/ASK redirections one wait follows before giving up.
+_REDIRECTS = 5
+
+
+def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> Optional[bytes]:
+    conn = _own.take(pool)
+    encoding = pool.connection_kwargs.get("encoding", "utf-8")
+    seconds = max(0.001, timeout)
+    commands = [pack_command("BLPOP", key, f"{seconds:.3f}", encoding=encoding)]
+    if asking:
+        commands.insert(0, pack_command("ASKING", encoding=encoding))
+    try:
+        conn.send_packed_command(commands)
+        if asking:
+            conn.read_response()
+        if conn.can_read(timeout=max(0.001, read_by - time.monotonic())):
+            reply = conn.read_response(disable_decoding=True)
+        else:
+            conn.disconnect()  # stalled: the reply, if it ever comes, is not read
+            reply = None
+    except redis.exceptions.ResponseError:
+        raise  # an error reply leaves the connection in step
+    except BaseException:
+        conn.disconnect()  # sent but not read: out of step
+        raise
+    finally:
+        _own.give_back(pool, conn)  # (a disconnected one reconnects on next use)
+    if reply is None:
+        return None
+    value: bytes = reply[1]
+    return value
+
+
+def _follow(client: Any, redirect: redis.exceptions.AskError) -> Any:
+    """The pool of the node a MOVED/ASK reply names; a MOVED also updates the
+    client's slot map, the way redis-py does on a redirected command."""
+    nodes = client.nodes_manager
+    if isinstance(redirect, redis.exceptions.MovedError):
+        if hasattr(nodes, "move_slot"):  # redis-py >= 5.1
+            nodes.move_slot(redirect)
+        else:  # redis-py 5.0: applied on the next slot lookup
+            nodes.update_moved_exception(redirect)  # (redis-py 5.0 only)
+    node = client.get_node(host=redirect.host, port=redirect.port)
+    if node is None:
+        nodes.initialize()
+        node = client.get_node(host=redirect.host, port=redirect.port)
+    if node is None:
+        raise redis.exceptions.ClusterError(f"no node at {redirect.host}:{redirect.port}")
+    return client.get_redis_connection(node).connection_pool
+
+
+def _pool_for(client: Any, key: str) -> Any:
+    """The pool whose server holds ``key``."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return client.get_redis_connection(node).connection_pool
+    if isinstance(client, redis.Redis):
+        return client.connection_pool
+    raise TypeError(f"cannot wait on {client!r}: a redis.Redis or RedisCluster is needed")

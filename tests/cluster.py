@@ -1,0 +1,139 @@
+"""Start and stop a throwaway 3-master Redis Cluster on free loopback ports.
+
+Three ``redis-server --cluster-enabled yes`` processes (tests.redis_server's
+RedisServer, sharing one temp dir) joined with ``redis-cli --cluster create``,
+no replicas.  ``start()`` returns once every node's ``CLUSTER INFO`` says
+``cluster_state:ok`` and every node knows all 16384 slots.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import redis
+
+from tests.redis_server import RedisServer, free_port
+
+__all__ = ["LocalCluster"]
+
+
+class LocalCluster:
+    """``LocalCluster(3).start()``; ``ports`` are the masters'; ``stop()`` ends it."""
+
+    def __init__(self, masters: int = 3) -> None:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed (apt-get install redis-tools)")
+        self.cli = cli
+        self.dir = tempfile.mkdtemp(prefix="redislock-cluster-")
+        self.servers: list[RedisServer] = []
+        for _ in range(masters):
+            port = free_port()
+            server = RedisServer(port)
+            os.rmdir(server.dir)
+            server.dir = self.dir
+            server.extra = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                f"{self.dir}/nodes-{port}.conf",
+                # The bus port defaults to port + 10000, which may be taken or
+                # past 65535 for an ephemeral port: pick a free one too.
+                "--cluster-port",
+                str(free_port()),
+            ]
+            self.servers.append(server)
+
+    @property
+    def ports(self) -> list[int]:
+        return [s.port for s in self.servers]
+
+    def start(self, timeout: float = 15.0) -> LocalCluster:
+        try:
+            for server in self.servers:
+                server.start()
+            subprocess.run(
+                [
+                    self.cli,
+                    "--cluster",
+                    "create",
+                    *[f"127.0.0.1:{p}" for p in self.ports],
+                    "--cluster-replicas",
+                    "0",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=timeout,
+            )
+            self._wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ok(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        clients = [redis.Redis(port=p, socket_timeout=1) for p in self.ports]
+        try:
+            while True:
+                infos = [c.cluster("INFO") for c in clients]
+                if all(_ready(info, len(clients)) for info in infos):
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cluster not ok after {timeout} s: {infos!r}")
+                time.sleep(0.05)
+        finally:
+            for c in clients:
+                c.close()
+
+    def owner(self, slot: int) -> int:
+        """The port of the master that serves ``slot``."""
+        with redis.Redis(port=self.ports[0]) as client:
+            for start, end, master, *_ in client.execute_command("CLUSTER SLOTS"):
+                if start <= slot <= end:
+                    return int(master[1])
+        raise LookupError(f"slot {slot} is not served")
+
+    def move_slot(self, slot: int, to_port: int) -> None:
+        """Reshard ``slot`` (and its keys) to the master on ``to_port``, as
+        ``redis-cli --cluster reshard`` does: IMPORTING/MIGRATING, MIGRATE the
+        keys, then give the slot to the new owner on every node."""
+        clients = {port: redis.Redis(port=port) for port in self.ports}
+        try:
+            ids = {port: c.execute_command("CLUSTER MYID").decode() for port, c in clients.items()}
+            source, target = clients[self.owner(slot)], clients[to_port]
+            source_port = self.owner(slot)
+            target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source_port])
+            source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[to_port])
+            while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
+            for port in [to_port, source_port, *self.ports]:
+                clients[port].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[to_port])
+        finally:
+            for c in clients.values():
+                c.close()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _ready(info: object, nodes: int) -> bool:
+    """Whether a node's ``CLUSTER INFO`` (raw text, or redis-py's dict) says it is ok."""
+    if isinstance(info, bytes):
+        info = info.decode()
+    if isinstance(info, str):
+        info = dict(line.split(":", 1) for line in info.split() if ":" in line)
+    assert isinstance(info, dict)
+    fields = {str(k): str(v) for k, v in info.items()}
+    return (
+        fields.get("cluster_state") == "ok"
+        and fields.get("cluster_slots_ok") == "16384"
+        and fields.get("cluster_known_nodes") == str(nodes)
+    )

@@ -1,0 +1,1 @@
+"""A project locked only through ``redislock_tasks``: its task modules never mention the library."""

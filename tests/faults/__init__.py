@@ -1,0 +1,1 @@
+"""Fault campaigns against the primitives, checked against their recorded histories."""

@@ -1,0 +1,129 @@
+"""A fault campaign: processes take locks and a semaphore while faults hit them.
+
+Four forked processes loop for a few seconds over two mutexes and one
+semaphore (limit 2) on a private redis-server, recording every critical
+section (tests/faults/history.py).  Meanwhile the test pauses processes with
+SIGSTOP for longer than the lease, and kills the server and starts it again
+without persistence (every key gone).  Then the checker judges the
+histories: no undetected overlap of mutex holders, never more semaphore
+holders than the limit, fences rising per name, every overlap detected.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
+from tests.faults.history import Section, check, load, save
+from tests.helpers import fork_context, report, running
+from tests.redis_server import RedisServer
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+TTL = 0.5
+RUN = 10.0  # seconds each process works for
+PROCESSES = 4
+MUTEXES = ("m0", "m1")
+SEMAPHORE, LIMIT = "s", 2
+
+
+def work(port: int, out: Path, seed: int, until: float) -> None:
+    rng = random.Random(seed)
+    client = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=1.0)
+    sections: list[Section] = []
+    while time.monotonic() < until:
+        name = rng.choice((*MUTEXES, SEMAPHORE))
+        limit = LIMIT if name == SEMAPHORE else 1
+        prim: Any = (
+            Semaphore(client, name, LIMIT, ttl=TTL) if limit > 1 else Lock(client, name, ttl=TTL)
+        )
+        try:
+            if not prim.acquire(timeout=1.0):
+                continue
+        except BackendUnavailable:
+            time.sleep(0.05)
+            continue
+        # The section starts as acquire() returns; the grant was at
+        # granted_at or later (the library's earliest local estimate),
+        # which orders grants even when a pause came in between.
+        start, granted, fence = time.monotonic(), prim.granted_at, prim.fence
+        time.sleep(rng.uniform(0.005, 0.04))
+        end = time.monotonic()
+        outcome = "lost" if prim.lost else "released"
+        try:
+            prim.release()
+        except LockLost:
+            outcome = "lost"
+        except BackendUnavailable:
+            outcome = "lost"  # told: it could not confirm the release
+        sections.append(Section(name, limit, fence, start, end, outcome, os.getpid(), granted))
+    save(out, sections)
+
+
+def test_no_undetected_double_grant_under_pauses_and_a_restart(tmp_path: Path) -> None:
+    server = RedisServer().start()
+    port = server.port
+    until = time.monotonic() + RUN
+    ctx = fork_context()
+    files = [tmp_path / f"history-{i}.jsonl" for i in range(PROCESSES)]
+    procs = [ctx.Process(target=work, args=(port, files[i], i, until)) for i in range(PROCESSES)]
+    pauses = restarts = 0
+    rng = random.Random(7)
+    try:
+        with running(procs):
+            time.sleep(1.0)
+            while time.monotonic() < until - 1.5:
+                victim = rng.choice(procs)
+                os.kill(victim.pid, signal.SIGSTOP)  # a GC pause, a frozen VM
+                time.sleep(rng.uniform(TTL * 1.5, TTL * 2.5))
+                os.kill(victim.pid, signal.SIGCONT)
+                pauses += 1
+                if restarts == 0 and time.monotonic() > until - RUN / 2:
+                    server.kill()  # no persistence: every key, every fence key, gone
+                    server = RedisServer(port).start()
+                    restarts += 1
+                time.sleep(rng.uniform(0.2, 0.5))
+            for p in procs:
+                p.join(RUN + 10)
+                assert p.exitcode == 0
+    finally:
+        server.kill()
+    sections = load(files)
+    verdict = check(sections)
+    report(
+        "fault campaign",
+        sections=verdict.sections,
+        pauses=pauses,
+        restarts=restarts,
+        detected_overlaps=verdict.detected_overlaps,
+        undetected_overlaps=len(verdict.undetected_overlaps),
+        over_limit=len(verdict.over_limit),
+        fences_back=len(verdict.fences_back),
+    )
+    assert verdict.sections > 50, verdict.summary()
+    assert restarts == 1 and pauses >= 5
+    assert verdict.ok, (verdict.summary(), verdict.undetected_overlaps[:3], verdict.fences_back[:3])
+
+
+def test_the_checker_finds_what_it_must() -> None:
+    """The checker itself: an undetected overlap, an over-limit moment and a
+    fence that went back are each reported; a detected overlap is not."""
+    a = Section("m", 1, 10, 0.0, 1.0, "released", 1, 0.0)
+    b = Section("m", 1, 11, 0.5, 1.5, "released", 2, 0.5)
+    c = Section("m", 1, 12, 0.6, 0.7, "lost", 3, 0.6)
+    d = Section("m", 1, 9, 2.0, 2.1, "released", 4, 2.0)
+    verdict = check([a, b, c, d])
+    assert (a, b) in verdict.undetected_overlaps
+    assert verdict.detected_overlaps == 2  # (a, c) and (b, c)
+    assert (a, d) in verdict.fences_back
+    sems = [Section("s", 2, i, i * 0.01, 1.0, "released", i, i * 0.01) for i in range(3)]
+    assert check(sems).over_limit
+    assert check([a, c]).ok

@@ -1,0 +1,503 @@
+"""The transport against real redis-servers: every call goes through the user's redis-py client.
+
+What the client was configured with applies to lock commands too (its
+encoding, decode_responses, RESP3, health checks, TLS, unix sockets, a
+bounded pool, a single connection), error replies raise what redis-py
+raises (and "cannot reach" becomes BackendUnavailable), and a command whose
+reply was never read is never mistaken for the next one's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
+from celery_redislock.primitives import _keeper, _scripts
+from celery_redislock.transport._encode import KeyBlock
+from tests.helpers import TcpProxy, blocked_clients, counting_client, wait_until
+from tests.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.usefixtures("no_leaked_leases")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def no_retry(**options: Any) -> dict[str, Any]:
+    """Client options that fail at once rather than after redis-py's default backoff."""
+    return {"retry": Retry(NoBackoff(), 0), "socket_connect_timeout": 2, **options}
+
+
+# -- what goes on the wire -----------------------------------------------------------
+
+
+def test_a_packed_call_is_the_command_redis_py_would_send(r: redis.Redis) -> None:
+    block = KeyBlock(["redislock:{ünï}:lock", "k2"], "utf-8")
+    args: list[Any] = ["tok", 30000, 0, "w:", 2000, 1.5, b"\x00\xff"]
+    sha = _scripts.get("lock_acquire").sha
+    ours = block.evalsha(sha, args)
+    packer = redis.Connection()
+    theirs = b"".join(packer.pack_command("EVALSHA", sha, 2, "redislock:{ünï}:lock", "k2", *args))
+    assert ours == theirs
+
+
+def test_a_flushed_script_is_loaded_again_and_the_call_goes_through(r: redis.Redis) -> None:
+    lock = Lock(r, "transport-noscript", ttl=5.0)
+    assert lock.acquire()
+    r.script_flush()
+    lock.release()  # NOSCRIPT: loaded and sent again
+    assert lock.acquire()
+    r.script_flush()
+    pending = lock.release_async()
+    pending.wait()  # the same from a release whose reply is read later
+    assert not r.exists(lock.key)
+
+
+def test_a_connection_killed_by_the_server_is_reopened(r: redis.Redis, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    lock = Lock(client, "transport-killed", ttl=5.0)
+    assert lock.acquire()
+    lock.release()
+    assert r.client_kill_filter(_type="normal", skipme=True) >= 1
+    assert lock.acquire()  # the client's retry policy reconnects and sends again
+    assert r.get(lock.key) == lock.token.encode()  # type: ignore[union-attr]
+    lock.release()
+
+
+# -- any client configuration ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    made = subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+        ],
+        capture_output=True,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"openssl could not make a certificate: {made.stderr!r}")
+    port = free_port()
+    server = RedisServer(
+        port,
+        extra=[
+            *("--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert)),
+            *("--tls-key-file", str(key), "--tls-ca-cert-file", str(cert)),
+            *("--tls-auth-clients", "no"),
+        ],
+    )
+    server.ping_options = {"ssl": True, "ssl_cert_reqs": "none"}
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(f"this redis-server has no TLS: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def unix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = str(tmp_path_factory.mktemp("sock") / "redis.sock")
+    server = RedisServer(extra=["--unixsocket", path, "--unixsocketperm", "700"]).start()
+    yield path
+    server.stop()
+
+
+CONFIGURATIONS = {
+    "single-connection": {"single_connection_client": True},
+    "decode-responses": {"decode_responses": True},
+    "latin-1": {"encoding": "latin-1"},
+    "resp2": {"protocol": 2},
+    "resp3": {"protocol": 3},
+    "health-checks": {"health_check_interval": 1},
+    "blocking-pool-of-1": {"pool_class": redis.BlockingConnectionPool, "max_connections": 1},
+    "tls": {"tls": True},
+    "unix-socket": {"unix": True},
+}
+
+
+@pytest.mark.parametrize("options", CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
+def test_handoff_works_with_any_client_configuration(
+    request: pytest.FixtureRequest, redis_url: str, options: dict[str, Any]
+) -> None:
+    options = dict(options)
+    if options.pop("tls", False):
+        server = request.getfixturevalue("tls_server")
+        url = f"rediss://127.0.0.1:{server.port}/0"
+        options["ssl_cert_reqs"] = "none"
+    elif options.pop("unix", False):
+        url = f"unix://{request.getfixturevalue('unix_server')}?db=0"
+    else:
+        url = redis_url
+
+    def client() -> redis.Redis:
+        pool_class = options.get("pool_class")
+        if pool_class is not None:
+            pool = pool_class.from_url(url, max_connections=options["max_connections"])
+            return redis.Redis(connection_pool=pool)
+        return redis.Redis.from_url(url, **options)
+
+    holder_client, waiter_client, observer = client(), client(), client()
+    name = f"transport-any-{request.node.callspec.id}"
+    holder = Semaphore(holder_client, name, 1, ttl=5.0)
+    waiter = Semaphore(waiter_client, name, 1, ttl=5.0)
+    assert holder.acquire()
+    fence = holder.fence
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=5)))
+    thread.start()
+    wait_until(lambda: blocked_clients(observer) == 1, 3, what="the waiter to block")
+    holder.release()
+    thread.join(5)
+    assert got == [True]
+    assert waiter.fence > fence  # type: ignore[operator]
+    assert waiter.owned()
+    waiter.release()
+    assert observer.zcard(waiter.key) == 0
+    lock = Lock(waiter_client, name, ttl=5.0)
+    with lock:
+        assert lock.owned() and lock.locked()
+
+
+# -- error replies -------------------------------------------------------------------------
+
+
+class ErrorServer:
+    """A TCP server that answers every command with one error reply."""
+
+    def __init__(self, error: bytes) -> None:
+        self.error = error
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            while conn.recv(65536):
+                conn.sendall(self.error + b"\r\n")
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+
+
+def assert_unavailable(client: redis.Redis, cause: type[BaseException]) -> None:
+    lock = Lock(client, "transport-errors", ttl=5.0)
+    with pytest.raises(BackendUnavailable) as caught:
+        lock.acquire(blocking=False)
+    assert isinstance(caught.value.__cause__, cause), repr(caught.value.__cause__)
+    assert "transport-errors" in str(caught.value)
+
+
+def test_a_server_still_loading_is_unavailable() -> None:
+    server = ErrorServer(b"-LOADING Redis is loading the dataset in memory")
+    try:
+        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+        assert_unavailable(client, redis.exceptions.BusyLoadingError)
+    finally:
+        server.close()
+
+
+def test_max_clients_is_unavailable() -> None:
+    server = ErrorServer(b"-ERR max number of clients reached")
+    try:
+        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+        assert_unavailable(client, redis.exceptions.ConnectionError)
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def password_server() -> Iterator[RedisServer]:
+    server = RedisServer(extra=["--requirepass", "s3cret"])
+    server.ping_options = {"password": "s3cret"}
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_no_password_is_unavailable(password_server: RedisServer) -> None:
+    client = redis.Redis(port=password_server.port, **no_retry())
+    assert_unavailable(client, redis.exceptions.AuthenticationError)
+
+
+def test_a_wrong_password_is_unavailable(password_server: RedisServer) -> None:
+    client = redis.Redis(port=password_server.port, password="wrong", **no_retry())
+    assert_unavailable(client, redis.exceptions.AuthenticationError)
+
+
+def test_the_right_password_and_an_acl_user_work(password_server: RedisServer) -> None:
+    admin = redis.Redis(port=password_server.port, password="s3cret")
+    admin.acl_setuser(
+        "locker", enabled=True, passwords=["+pw"], keys=["redislock:*"], commands=["+@all"]
+    )
+    for client in (admin, redis.Redis(port=password_server.port, username="locker", password="pw")):
+        with Lock(client, "transport-auth", ttl=5.0) as lock:
+            assert lock.owned()
+
+
+def test_a_replica_answering_readonly_is_unavailable(r: redis.Redis, redis_url: str) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(port)]).start()
+    try:
+        client = redis.Redis(port=replica.port, **no_retry())
+        assert_unavailable(client, redis.exceptions.ReadOnlyError)
+    finally:
+        replica.stop()
+
+
+def test_an_unreachable_server_is_unavailable() -> None:
+    client = redis.Redis(port=free_port(), **no_retry())
+    assert_unavailable(client, redis.exceptions.ConnectionError)
+
+
+# -- replies read later ------------------------------------------------------------------------
+
+
+def test_a_release_sent_is_done_before_its_reply_is_read(r: redis.Redis) -> None:
+    lock = Lock(r, "transport-async", ttl=5.0)
+    assert lock.acquire()
+    pending = lock.release_async()
+    wait_until(lambda: not r.exists(lock.key), 2, what="Redis to run the release")
+    assert lock.token is None and lock not in _keeper.keeper().held()
+    pending.wait()
+    pending.wait()  # read once; asking again changes nothing
+
+
+def test_a_release_whose_reply_is_lost_is_sent_again_and_found_done(
+    r: redis.Redis, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    lock = Lock(client, "transport-reply-lost", ttl=5.0)
+    assert lock.acquire()
+    pending = lock.release_async()
+    wait_until(lambda: not r.exists(lock.key), 2, what="Redis to run the release")
+    r.client_kill_filter(_type="normal", skipme=True)  # the reply is lost with it
+    pending.wait()  # sent again, finds the lock released: no LockLost
+    assert not lock.lost
+
+
+def test_a_release_after_the_lease_ran_out_reports_it_lost(r: redis.Redis) -> None:
+    lock = Lock(r, "transport-async-lost", ttl=0.3, renew=False)
+    assert lock.acquire()
+    time.sleep(0.4)
+    pending = lock.release_async()
+    with pytest.raises(LockLost):
+        pending.wait()
+    assert lock.lost
+
+
+class Interrupted(BaseException):
+    """Stands in for an exception raised between send and read (a soft time limit)."""
+
+
+def test_a_reply_left_unread_is_never_taken_for_the_next_one(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    first = Lock(client, "transport-unread-1", ttl=5.0)
+    second = Lock(client, "transport-unread-2", ttl=5.0)
+    first.acquire()  # a connection is open, the script loaded
+    first.release()
+    real = redis.Connection.read_response
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(redis.Connection, "read_response", real)
+        raise Interrupted()
+
+    monkeypatch.setattr(redis.Connection, "read_response", interrupted)
+    with pytest.raises(Interrupted):
+        first.acquire()  # sent: the script ran and granted a fence, unread
+    assert second.acquire()
+    # Its own reply, not the first one's.
+    assert second.fence == int(client.get(second.keys.fence))  # type: ignore[arg-type]
+    second.release()
+    client.delete(first.key)
+
+
+def test_a_reply_never_read_gives_its_connection_back_closed(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    pool = client.connection_pool
+    lock = Lock(client, "transport-never-read", ttl=5.0)
+    assert lock.acquire()
+    pending = lock.release_async()
+    assert len(pool._in_use_connections) == 1  # kept until the reply is read
+    del pending
+    gc.collect()
+    assert len(pool._in_use_connections) == 0
+    assert all(c._sock is None for c in pool._available_connections)
+
+
+# -- waits ---------------------------------------------------------------------------
+
+
+def test_waiters_never_take_a_bounded_pools_connection(redis_url: str, r: redis.Redis) -> None:
+    pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=5)
+    client = redis.Redis(connection_pool=pool)
+    holder = Lock(client, "transport-bounded", ttl=0.6)  # renewed through the one connection
+    assert holder.acquire()
+    waiters = [Lock(client, "transport-bounded", ttl=5) for _ in range(3)]
+    got: list[bool] = []
+
+    def take_and_give_back(lock: Lock) -> None:
+        got.append(lock.acquire(timeout=10))
+        lock.release()
+
+    threads = [threading.Thread(target=take_and_give_back, args=(w,)) for w in waiters]
+    for t in threads:
+        t.start()
+    wait_until(lambda: blocked_clients(r) == 3, 3, what="three waiters to block")
+    time.sleep(1.0)  # past the holder's lease: only renewal keeps it
+    assert not holder.lost and holder.owned()
+    holder.release()
+    for t in threads:
+        t.join(10)
+    assert got == [True, True, True]
+    assert not any(w.lost for w in waiters)
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_eight_threads_on_a_semaphore_of_2_through_a_bounded_pool_lose_no_lease(
+    redis_url: str, r: redis.Redis, connections: int, lost_events: list[Any]
+) -> None:
+    pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=connections, timeout=5)
+    client = redis.Redis(connection_pool=pool)
+    holders: list[int] = []
+    peak = 0
+    guard = threading.Lock()
+    outcomes: list[str] = []
+
+    def work() -> None:
+        nonlocal peak
+        sem = Semaphore(client, "transport-bounded-sem", limit=2, ttl=0.5)
+        try:
+            if not sem.acquire(timeout=20):
+                outcomes.append("timed out")
+                return
+            with guard:
+                holders.append(1)
+                peak = max(peak, len(holders))
+            time.sleep(0.7)  # longer than the lease: renewal must get a connection
+            with guard:
+                holders.pop()
+            lost = sem.lost
+            sem.release()
+            outcomes.append("lost" if lost else "ok")
+        except Exception as exc:  # recorded, so the assertion shows it
+            outcomes.append(repr(exc))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes == ["ok"] * 8
+    assert peak == 2
+    assert lost_events == []
+    assert r.keys("*transport-bounded-sem*") == [] or all(
+        b"fence" in k for k in r.keys("*transport-bounded-sem*")
+    )
+
+
+# -- what the core costs to import, and what it keeps alive ------------------------------------
+
+
+def test_the_primitives_import_no_celery() -> None:
+    code = (
+        "import sys; from celery_redislock import Lock, Semaphore, ReadWriteLock; "
+        "print(sorted(m for m in sys.modules if m == 'celery' or m.startswith('celery.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_lock_dropped_without_release_stops_being_renewed(redis_url: str, r: redis.Redis) -> None:
+    client, trips = counting_client(redis_url)
+    lock = Lock(client, "transport-dropped", ttl=0.6)
+    assert lock.acquire()
+    key = lock.key
+    assert lock in _keeper.keeper().held()
+    del lock
+    gc.collect()
+    trips.reset()
+    wait_until(lambda: not r.exists(key), 3, what="the dropped lock's lease to run out")
+    renewals = [send for send in trips.names() if send == ["EVALSHA"]]
+    assert len(renewals) <= 1  # at most one already on its way
+    assert _keeper.keeper().tokens() == []
+
+
+@pytest.mark.parametrize("when", ["while blocked", "before the first call"])
+def test_acquire_timeout_holds_when_the_connection_stalls(
+    redis_url: str, r: redis.Redis, when: str
+) -> None:
+    """A partition (every byte dropped, sockets left open) during or before a
+    wait: acquire(timeout=T) returns by T plus one connect timeout, and what
+    it left queued is gone by then, so no later grant goes to nobody."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    holder = Lock(r, "transport-stall", ttl=10.0, renew=False)
+    assert holder.acquire()
+    timeout, connect = 2.0, 1.0
+    with TcpProxy("127.0.0.1", port) as proxy:
+        # (A new connection's handshake is bounded by socket_timeout.)
+        client = redis.Redis(
+            port=proxy.port, socket_connect_timeout=connect, socket_timeout=connect
+        )
+        waiter = Lock(client, "transport-stall", ttl=5.0)
+        outcome: list[Any] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            try:
+                outcome.append(waiter.acquire(timeout=timeout))
+            except BackendUnavailable as exc:
+                outcome.append(exc)
+            outcome.append(time.monotonic() - started)
+
+        if when == "before the first call":
+            client.ping()  # connected, then partitioned
+            proxy.blackhole()
+        thread = threading.Thread(target=wait)
+        thread.start()
+        if when == "while blocked":
+            wait_until(lambda: blocked_clients(r) == 1, 2, what="the waiter to block")
+            proxy.blackhole()
+        thread.join(timeout + connect + 5)
+        assert not thread.is_alive()
+        client.close()
+    result, elapsed = outcome
+    assert result is False or isinstance(result, BackendUnavailable), result
+    assert elapsed <= timeout + connect + 0.3, elapsed
+    # Nothing of the waiter is left in line: the holder's release frees the
+    # lock (no hand-over to a waiter that gave up), and a newcomer gets it.
+    time.sleep(0.1)
+    holder.release()
+    assert r.exists(holder.key) == 0
+    newcomer = Lock(r, "transport-stall", ttl=5.0)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
