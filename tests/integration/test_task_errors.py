@@ -56,6 +56,27 @@ def test_bad_option_fails_at_definition(
         assert word in message, (word, message)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "suggested"),
+    [
+        ("lock_keys", ["user_id"], "lock_key"),
+        ("on_contension", "skip", "on_contention"),
+        ("lock_tll", 5, "lock_ttl"),
+        ("redislock_ttl", 5, "lock_ttl"),
+        ("concurency_group", "g", "concurrency_group"),
+        ("semaphor", 2, "semaphore"),
+    ],
+)
+def test_a_misspelt_option_is_refused_with_the_closest_name(
+    app: Celery, option: str, value: Any, suggested: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        define(app, "errors.misspelt", **{option: value})
+    message = str(info.value)
+    assert "'errors.misspelt'" in message and option in message, message
+    assert f"did you mean {suggested!r}?" in message, message
+
+
 def test_bad_option_on_a_lazy_app_fails_at_finalize(redis_url: str) -> None:
     lazy = Celery("errors-lazy", set_as_current=False)
     try:

@@ -190,10 +190,13 @@ def call_soon(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> 
             return Reply.done(None, exc)
     packed = block.evalsha(script.sha, args)
     conn = _checkout(pool)
+
+    def send() -> None:
+        conn.connect()  # (no-op when connected; see _roundtrip)
+        conn.send_packed_command([packed])
+
     try:
-        conn.retry.call_with_retry(
-            lambda: conn.send_packed_command([packed]), lambda error: conn.disconnect()
-        )
+        conn.retry.call_with_retry(send, lambda error: conn.disconnect())
     except BaseException:
         _checkin(pool, conn)
         raise
@@ -443,9 +446,17 @@ def _roundtrip(
             raise replies[0]
         return replies
 
+    tries = [0]
+
     def send_and_read() -> list[Any]:
         if sends is not None:
             sends.append(1)
+        if tries[0]:
+            # A retry, after a disconnect: connect() as the pool does, which
+            # asks the sentinels where the master is now (a send would only
+            # reconnect to the host it had, since redis-py 6).
+            conn.connect()
+        tries[0] += 1
         conn.send_packed_command(commands)
         return read(False)
 
@@ -454,6 +465,7 @@ def _roundtrip(
             if sends is not None:
                 sends.append(1)
             try:
+                conn.connect()  # (no-op when connected; see send_and_read)
                 conn.send_packed_command(commands)
                 return read(True)
             except ResponseError:

@@ -16,7 +16,10 @@ asks the sentinels where the master is), with two changes:
   none, so that connecting (TCP, then the handshake) is bounded.
 
 They are kept, idle, for the next use, one per wait or call in progress, and
-closed when the client's pool goes away.
+closed when the client's pool goes away.  Callers ``connect()`` one before
+each use, as a pool does on checkout: since redis-py 6 a send on a closed
+connection reconnects to the host it last had, skipping a Sentinel
+connection's discovery of the current master.
 """
 
 from __future__ import annotations

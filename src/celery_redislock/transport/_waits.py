@@ -72,6 +72,9 @@ def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> O
     if asking:
         commands.insert(0, pack_command("ASKING", encoding=encoding))
     try:
+        # connect() first, as a pool does: a Sentinel connection asks where the
+        # master is now (a bare send would reconnect to the host it had).
+        conn.connect()
         conn.send_packed_command(commands)
         if asking:
             conn.read_response()
