@@ -39,7 +39,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from celery_redislock import BackendUnavailable, Lock, LockLost
-from tests.helpers import blocked_clients, wait_until
+from tests.helpers import blocked_clients, report, wait_until
 from tests.sentinel import Failover, LocalSentinel, SentinelUnavailable
 
 pytestmark = [
@@ -475,3 +475,51 @@ def test_a_waiter_blocked_during_a_failover_does_not_hang(
             if lock is not None and lock.token is not None:
                 with contextlib.suppress(Exception):
                     lock.release()
+
+
+@pytest.mark.parametrize("replicas", [0, 1], ids=["without", "with wait_replicas=1"])
+def test_double_grants_in_a_failovers_split_brain(topology: LocalSentinel, replicas: int) -> None:
+    """During a failover the old master still takes writes until it is demoted.
+    A client still connected there takes locks; a client of the new master
+    takes the same names.  Without wait_replicas both hold them; with it, the
+    old master (whose replica has just left it) cannot get its grants
+    acknowledged, so they are undone."""
+    old = topology.master_port()
+    names = [unique("split") for _ in range(5)]
+    stale = direct(old)  # connected before the failover, as a worker's pool is
+    stale.ping()
+    done: list[Failover] = []
+    runner = threading.Thread(target=lambda: done.append(topology.failover()))
+    runner.start()
+    new = next(p for p in topology.servers if p != old)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError):
+            if direct(new).execute_command("ROLE")[0] == b"master":
+                break
+        time.sleep(0.005)
+    first = [
+        Lock(stale, n, ttl=5.0, renew=False, wait_replicas=replicas, wait_timeout_ms=100)
+        for n in names
+    ]
+    held = []
+    for lock in first:
+        with contextlib.suppress(redis.RedisError, BackendUnavailable):
+            held.append(lock.acquire(blocking=False))
+    fresh = direct(new)
+    second = [Lock(fresh, n, ttl=5.0, renew=False) for n in names]
+    both = sum(1 for a, b, ok in zip(first, second, held) if ok and b.acquire(blocking=False))
+    runner.join(20)
+    for b in second:
+        if b.token is not None:
+            b.release()
+    for a in first:
+        a._token = None  # (their keys went with the old master's resync)
+    stale.close()
+    fresh.close()
+    report("sentinel split-brain double grants", wait_replicas=replicas, names=5, double=both)
+    assert done, "the failover did not finish"
+    if replicas:
+        assert both == 0 and not any(held)
+    else:
+        assert both == len(names), (held, describe(done[0]))

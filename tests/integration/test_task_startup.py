@@ -31,6 +31,7 @@ from celery_redislock import LockedTask
 app = Celery("startup", broker=os.environ["T_BROKER"], backend=os.environ.get("T_BACKEND") or None)
 app.conf.broker_transport_options = {{
     "data_folder_in": os.environ["T_DIR"], "data_folder_out": os.environ["T_DIR"],
+    "control_folder": os.environ["T_DIR"] + "-control",
 }}
 {setup}
 
@@ -100,6 +101,7 @@ def test_with_a_non_redis_broker_the_locks_go_to_the_redis_result_backend(
     client.conf.broker_transport_options = {
         "data_folder_in": str(tmp_path / "q"),
         "data_folder_out": str(tmp_path / "q"),
+        "control_folder": str(tmp_path / "q") + "-control",
     }
     try:
         assert client.send_task("startup.locked", args=["j1"]).get(timeout=20) == "j1"
