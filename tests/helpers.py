@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 import warnings
@@ -179,12 +180,18 @@ def blocked_clients(client: redis.Redis) -> int:
     return sum(1 for c in client.client_list() if "b" in c["flags"])
 
 
+#: SO_LINGER on, 0 s: close() sends RST, as a reset connection does.
+_RST = struct.pack("ii", 1, 0)
+
+
 class TcpProxy:
-    """A loopback TCP proxy to ``host:port`` that can turn into a black hole.
+    """A loopback TCP proxy to ``host:port`` that can stall, reset or drop.
 
     ``blackhole()`` silently drops bytes in both directions and keeps every
     socket open, as a network partition does: a client then waits on a reply
-    that never comes.  ``close()`` closes everything (clients see EOF).
+    that never comes.  ``stall()`` holds bytes until ``resume()``; ``reset()``
+    cuts every connection so far (RST) and keeps accepting new ones.
+    ``close()`` closes everything (clients see EOF).
     """
 
     def __init__(self, host: str, port: int) -> None:
@@ -192,6 +199,8 @@ class TcpProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._dropping = threading.Event()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -204,6 +213,25 @@ class TcpProxy:
 
     def blackhole(self) -> None:
         self._dropping.set()
+
+    def stall(self) -> None:
+        """Hold every byte (nothing is lost) until :meth:`resume`."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    def reset(self) -> None:
+        """Cut every connection made so far (clients see a reset); keep listening."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)  # (wakes the pump threads blocked on it)
+            with contextlib.suppress(OSError):
+                s.close()
 
     def close(self) -> None:
         self._closed.set()
@@ -236,7 +264,11 @@ class TcpProxy:
                 downstream, _ = self._listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.target)
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:  # the server is down (restarting): so is this connection
+                downstream.close()
+                continue
             with self._lock:
                 self._sockets += [downstream, upstream]
             self._spawn(self._pump, downstream, upstream)
@@ -248,6 +280,9 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                while not self._flowing.wait(0.05):
+                    if self._closed.is_set():
+                        return
                 if not self._dropping.is_set():
                     dst.sendall(data)
         with contextlib.suppress(OSError):

@@ -1,10 +1,12 @@
 """A fault campaign: processes take locks and a semaphore while faults hit them.
 
 Four forked processes loop for a few seconds over two mutexes and one
-semaphore (limit 2) on a private redis-server, recording every critical
-section (tests/faults/history.py).  Meanwhile the test pauses processes with
-SIGSTOP for longer than the lease, and kills the server and starts it again
-without persistence (every key gone).  Then the checker judges the
+semaphore (limit 2) on a private redis-server, reached through a loopback
+TCP proxy, recording every critical section (tests/faults/history.py).
+Meanwhile the test pauses processes with SIGSTOP for longer than the lease,
+stalls every connection past the lease, resets every connection, and once
+SIGKILLs the server and starts it again: without persistence (every key
+gone) or with AOF (``appendfsync always``).  Then the checker judges the
 histories: no undetected overlap of mutex holders, never more semaphore
 holders than the limit, fences rising per name, every overlap detected.
 """
@@ -23,7 +25,7 @@ import redis
 
 from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
 from tests.faults.history import Section, check, load, save
-from tests.helpers import fork_context, report, running
+from tests.helpers import TcpProxy, fork_context, report, running
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
@@ -68,48 +70,69 @@ def work(port: int, out: Path, seed: int, until: float) -> None:
     save(out, sections)
 
 
-def test_no_undetected_double_grant_under_pauses_and_a_restart(tmp_path: Path) -> None:
-    server = RedisServer().start()
+@pytest.mark.parametrize("persistence", ["none", "aof"])
+def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
+    tmp_path: Path, persistence: str
+) -> None:
+    aof = ["--appendonly", "yes", "--appendfsync", "always"] if persistence == "aof" else []
+    server = RedisServer(extra=aof).start()
     port = server.port
+    proxy = TcpProxy("127.0.0.1", port)  # the workers reach Redis through it
     until = time.monotonic() + RUN
     ctx = fork_context()
     files = [tmp_path / f"history-{i}.jsonl" for i in range(PROCESSES)]
-    procs = [ctx.Process(target=work, args=(port, files[i], i, until)) for i in range(PROCESSES)]
-    pauses = restarts = 0
+    procs = [
+        ctx.Process(target=work, args=(proxy.port, files[i], i, until)) for i in range(PROCESSES)
+    ]
+    faults: dict[str, int] = {"pauses": 0, "stalls": 0, "resets": 0, "restarts": 0}
     rng = random.Random(7)
     try:
         with running(procs):
             time.sleep(1.0)
+            planned = ["pause", "stall", "reset"]  # each at least once, then at random
             while time.monotonic() < until - 1.5:
-                victim = rng.choice(procs)
-                os.kill(victim.pid, signal.SIGSTOP)  # a GC pause, a frozen VM
-                time.sleep(rng.uniform(TTL * 1.5, TTL * 2.5))
-                os.kill(victim.pid, signal.SIGCONT)
-                pauses += 1
-                if restarts == 0 and time.monotonic() > until - RUN / 2:
-                    server.kill()  # no persistence: every key, every fence key, gone
-                    server = RedisServer(port).start()
-                    restarts += 1
+                fault = planned.pop(0) if planned else rng.choice(("pause", "stall", "reset"))
+                if fault == "pause":
+                    victim = rng.choice(procs)
+                    os.kill(victim.pid, signal.SIGSTOP)  # a GC pause, a frozen VM
+                    time.sleep(rng.uniform(TTL * 1.5, TTL * 2.5))
+                    os.kill(victim.pid, signal.SIGCONT)
+                    faults["pauses"] += 1
+                elif fault == "stall":
+                    proxy.stall()  # every connection at once, past the lease
+                    time.sleep(rng.uniform(TTL * 1.2, TTL * 2.0))
+                    proxy.resume()
+                    faults["stalls"] += 1
+                else:
+                    proxy.reset()
+                    faults["resets"] += 1
+                if not faults["restarts"] and time.monotonic() > until - RUN / 2:
+                    # SIGKILL, then start again on the same port and directory:
+                    # with AOF every acknowledged write is back; without, every
+                    # key (leases, queues, fences) is gone.
+                    server.restart()
+                    faults["restarts"] += 1
                 time.sleep(rng.uniform(0.2, 0.5))
             for p in procs:
-                p.join(RUN + 10)
+                p.join(RUN + 15)
                 assert p.exitcode == 0
     finally:
-        server.kill()
+        proxy.close()
+        server.stop()
     sections = load(files)
     verdict = check(sections)
     report(
-        "fault campaign",
+        f"fault campaign, persistence={persistence}",
         sections=verdict.sections,
-        pauses=pauses,
-        restarts=restarts,
+        **faults,
         detected_overlaps=verdict.detected_overlaps,
         undetected_overlaps=len(verdict.undetected_overlaps),
         over_limit=len(verdict.over_limit),
         fences_back=len(verdict.fences_back),
     )
     assert verdict.sections > 50, verdict.summary()
-    assert restarts == 1 and pauses >= 5
+    assert faults["restarts"] == 1 and sum(faults.values()) >= 6
+    assert faults["pauses"] and faults["stalls"] and faults["resets"]
     assert verdict.ok, (verdict.summary(), verdict.undetected_overlaps[:3], verdict.fences_back[:3])
 
 

@@ -69,7 +69,10 @@ class Semaphore(Primitive):
         """Whether this object holds a live permit, as Redis sees it (one round trip)."""
         if self._token is None:
             return False
-        return self._redis("owned", self.client.zscore, self.key, self._token) is not None
+        # Its entry's score is when its lease ends: still there but in the
+        # past means the lease ran out (the next acquire would prune it).
+        block = transport.KeyBlock([self.key], transport.encoding_of(self.client))
+        return bool(self._script("owned", "multi_owned", [self._token], block=block))
 
 
 def count_holders(client: Any, key: str, guard: Any) -> int:
