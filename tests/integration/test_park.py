@@ -9,6 +9,7 @@ WorkerLostError).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections import Counter
@@ -268,14 +269,21 @@ def crash_run(redis_url: str, app: Any, rec: redis.Redis) -> dict[str, Any]:
         all_parked = time.monotonic()
         wait_runs(rec, tag, CRASH_TASKS, 45)
         time.sleep(RESERVE + SWEEP + 0.5)  # a run recovered twice would show up by now
-        log = faulty.output()
+
+        # billiard logs each dead child as its pool maintenance notices
+        # (WorkerLostError only when the child died before the main process
+        # had the run's result): give the last one a moment to be logged.
+        def deaths() -> int:
+            return faulty.output().count("exited with 'signal 9 (SIGKILL)'")
+
+        kills = faulty.output().count("fault injection: killing pid")
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: deaths() >= kills, 5, 0.05, "every death logged")
         return {
             "records": sorted(runs(rec, tag), key=lambda r: r["start"]),
             "all_parked": all_parked,
-            "kills": log.count("fault injection: killing pid"),
-            # billiard logs each dead child; WorkerLostError only when the
-            # child died before the main process had the run's result.
-            "lost": log.count("exited with 'signal 9 (SIGKILL)'"),
+            "kills": kills,
+            "lost": deaths(),
             "left": locks.exists(k.lock, k.queue, k.meta, k.pmsg, k.inflight),
         }
     finally:
