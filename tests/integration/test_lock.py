@@ -439,8 +439,8 @@ def test_newcomer_does_not_barge_past_a_queued_waiter_on_release(r: redis.Redis)
 
 
 def test_newcomer_does_not_barge_when_the_holders_lease_runs_out(r: redis.Redis) -> None:
-    # python-redis-lock issue #58: when the lock frees up with nobody releasing it,
-    # the next caller must not jump the queue.
+    # A known fault of polling locks (python-redis-lock's among them): when the
+    # lock frees up with nobody releasing it, the next caller must not jump the queue.
     holder = Lock(r, "expiring", ttl=0.2, renew=False)
     holder.acquire()
     fence = holder.fence

@@ -51,6 +51,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
+import weakref
 from typing import Any, Optional
 
 from celery import current_app
@@ -92,12 +93,20 @@ class ConfiguredLocks:
         return "celery_redislock.ConfiguredLocks()"
 
 
+#: app -> the ``redislock_tasks`` dict last checked for it (checked once, not
+#: on every task bind and every publish).
+_checked: weakref.WeakKeyDictionary[Any, dict[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
 def rules(app: Any) -> dict[str, dict[str, Any]]:
     """``redislock_tasks`` of ``app``, checked: pattern -> options."""
     conf = app.conf
     raw = conf.get(SETTING)
     if raw is None:
         return {}
+    checked = _checked.get(app)
+    if checked is not None and checked is raw:
+        return checked
     where = _spelling.spelled(conf, SETTING)
     if not isinstance(raw, dict):
         raise ConfigurationError(
@@ -119,6 +128,7 @@ def rules(app: Any) -> dict[str, dict[str, Any]]:
                 )
             if option in OPTIONS:
                 config.validate(OPTIONS[option], value, f"{where}[{pattern!r}]: option {option}")
+    _checked[app] = raw
     return raw
 
 
@@ -192,7 +202,7 @@ def _stamp(sender: Any = None, headers: Any = None, **_: Any) -> None:
     name = headers.get("task") or sender
     if not isinstance(name, str) or parking.SENT_HEADER in headers:
         return
-    app = current_app
+    app = current_app._get_current_object()  # (the proxy cannot be weakly referenced)
     try:
         found = match(app, name)
     except ConfigurationError:
