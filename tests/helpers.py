@@ -15,6 +15,7 @@ the processes of one machine (workers, forked children and the test process).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -173,6 +174,20 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def collect_earlier_garbage() -> None:
+    """gc.collect() what earlier tests left in reference cycles, quietly.
+
+    A test that collects garbage to observe its own objects would otherwise
+    also finalize theirs: a connection caught in a cycle (a traceback's
+    frames, say) may have its socket finalized before the connection closes
+    it, and Python's "unclosed socket" ResourceWarning, an error here, would
+    fail the wrong test.  Call it before the test makes its own objects.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 def blocked_clients(client: redis.Redis) -> int:

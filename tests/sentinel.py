@@ -256,11 +256,29 @@ class LocalSentinel:
 
     # -- failover ----------------------------------------------------------------
 
-    def failover(self, timeout: float = 15.0) -> Failover:
+    def failover(self, timeout: float = 15.0, *, in_sync: bool = True) -> Failover:
         """``SENTINEL FAILOVER`` on one sentinel; returns once the other server is
-        the master everywhere and the old master is its replica, in sync."""
+        the master everywhere and the old master is its replica, in sync.
+
+        Sentinel does not wait for the replica to catch up before promoting
+        it: writes it has not received yet are lost (replication is
+        asynchronous; ``wait_replicas`` is the library's answer to that).
+        With ``in_sync`` (the default) the failover starts only once the
+        replica has every write the master had taken when it was called, so
+        that a test sees what a failover does to clients, not that loss.
+        """
         old = self.master_port()
         (new,) = [p for p in self.servers if p != old]
+        if in_sync:
+            taken = int(_info(old, "replication").get("master_repl_offset", 0))
+            self._wait(
+                lambda: (
+                    _link_up(new, old)
+                    and int(_info(new, "replication").get("slave_repl_offset", 0)) >= taken
+                ),
+                time.monotonic() + timeout,
+                f"the replica {new} to catch up with the master {old} (offset {taken})",
+            )
         record = Failover(old=old, new=new, started=time.monotonic())
         deadline = record.started + timeout
         asked = self.sentinel_ports[len(self.failovers) % len(self.sentinel_ports)]

@@ -37,6 +37,7 @@ from tests.helpers import (
     CountingConnection,
     RoundTrips,
     blocked_clients,
+    collect_earlier_garbage,
     fork_context,
     keys_of,
     peak_overlap,
@@ -472,6 +473,7 @@ def test_resharding_a_held_lock_keeps_its_renewal_and_moves_its_waiter(
 def test_a_closed_cluster_client_is_collected_with_its_wait_connection(
     redis_cluster: LocalCluster, nodes: Nodes
 ) -> None:
+    collect_earlier_garbage()
     name = "collected-client"
     client = RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0], client_name=name)
     holder = Lock(client, "collected", ttl=10.0, renew=False)  # (the keeper: see below)

@@ -28,7 +28,13 @@ from redis.retry import Retry
 from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
 from celery_redislock.primitives import _keeper, _scripts
 from celery_redislock.transport._encode import KeyBlock
-from tests.helpers import TcpProxy, blocked_clients, counting_client, wait_until
+from tests.helpers import (
+    TcpProxy,
+    blocked_clients,
+    collect_earlier_garbage,
+    counting_client,
+    wait_until,
+)
 from tests.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.usefixtures("no_leaked_leases")
@@ -341,6 +347,7 @@ def test_a_reply_left_unread_is_never_taken_for_the_next_one(
 
 
 def test_a_reply_never_read_gives_its_connection_back_closed(redis_url: str) -> None:
+    collect_earlier_garbage()
     client = redis.Redis.from_url(redis_url)
     pool = client.connection_pool
     lock = Lock(client, "transport-never-read", ttl=5.0)
@@ -438,6 +445,7 @@ def test_the_primitives_import_no_celery() -> None:
 
 
 def test_a_lock_dropped_without_release_stops_being_renewed(redis_url: str, r: redis.Redis) -> None:
+    collect_earlier_garbage()
     client, trips = counting_client(redis_url)
     lock = Lock(client, "transport-dropped", ttl=0.6)
     assert lock.acquire()
