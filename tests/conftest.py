@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from tests.redis_server import RedisServer
+from tests.sentinel import LocalSentinel, SentinelUnavailable
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +36,16 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[LocalSentinel]:
+    """A Sentinel topology for the module: a master, a replica and three
+    sentinels (tests/sentinel.py); skipped where redis-server is missing."""
+    try:
+        sentinel = LocalSentinel()
+    except SentinelUnavailable as exc:
+        pytest.skip(str(exc))
+    sentinel.start()
+    yield sentinel
+    sentinel.stop()

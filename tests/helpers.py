@@ -395,8 +395,9 @@ def kill_now(proc: Any) -> float:
 class Attempt(threading.Thread):
     """``hold.acquire(timeout=timeout)`` in a thread.
 
-    ``ok`` is what it returned and ``at`` when (monotonic; NaN, which fails every
-    comparison, until then).
+    ``ok`` is what it returned, or ``error`` what it raised; ``at`` when it
+    returned (monotonic; NaN, which fails every comparison, until then) and
+    ``seconds`` how long it took.
     """
 
     def __init__(self, hold: Any, timeout: float) -> None:
@@ -404,11 +405,17 @@ class Attempt(threading.Thread):
         self.hold = hold
         self.timeout = timeout
         self.ok: Optional[bool] = None
-        self.at = float("nan")
+        self.error: Optional[Exception] = None
+        self.at = self.seconds = float("nan")
 
     def run(self) -> None:
-        self.ok = self.hold.acquire(timeout=self.timeout)
+        started = time.monotonic()
+        try:
+            self.ok = self.hold.acquire(timeout=self.timeout)
+        except Exception as exc:
+            self.error = exc
         self.at = time.monotonic()
+        self.seconds = self.at - started
 
 
 # -- recorded intervals ----------------------------------------------------------

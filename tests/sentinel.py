@@ -38,10 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from tests.redis_server import RedisServer, free_port
 
-__all__ = ["Failover", "LocalSentinel", "SentinelUnavailable"]
+__all__ = ["Failover", "LocalSentinel", "SentinelUnavailable", "sentinel_client"]
 
 SERVICE = "mymaster"
 
@@ -354,6 +357,23 @@ class LocalSentinel:
                 continue
             out.append(f"\n--- sentinel {port} ---\n" + "".join(tail))
         return "".join(out)
+
+
+def sentinel_client(
+    topology: LocalSentinel, sentinel: Optional[Sentinel] = None
+) -> tuple[Sentinel, redis.Redis]:
+    """A client on the master, built the way users build one: through the
+    sentinels (``sentinel``'s, else new ones), with a retry policy (so that
+    every connection asks the sentinels where the master is whenever it
+    connects)."""
+    sentinel = sentinel or Sentinel(topology.sentinels, socket_timeout=1)
+    client = sentinel.master_for(
+        SERVICE,
+        socket_timeout=1,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError],
+    )
+    return sentinel, client
 
 
 def _pairs(reply: Any) -> dict[str, str]:

@@ -55,6 +55,16 @@ class Verdict:
     def ok(self) -> bool:
         return not (self.undetected_overlaps or self.over_limit or self.fences_back)
 
+    def figures(self) -> dict[str, int]:
+        """The checker's totals, by name (for tests.helpers.report)."""
+        return {
+            "sections": self.sections,
+            "detected_overlaps": self.detected_overlaps,
+            "undetected_overlaps": len(self.undetected_overlaps),
+            "over_limit": len(self.over_limit),
+            "fences_back": len(self.fences_back),
+        }
+
     def summary(self) -> str:
         return (
             f"{self.sections} sections; overlaps detected {self.detected_overlaps}, "
@@ -72,8 +82,16 @@ def save(path: Path, sections: Iterable[Section]) -> None:
 def load(paths: Iterable[Path]) -> list[Section]:
     out = []
     for path in paths:
-        if path.exists():
-            out += [Section(**json.loads(line)) for line in path.read_text().splitlines()]
+        if not path.exists():
+            continue
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            try:
+                out.append(Section(**json.loads(line)))
+            except ValueError:
+                if i < len(lines) - 1:
+                    raise
+                # The last line of a process SIGKILLed as it wrote it.
     return out
 
 

@@ -2,13 +2,15 @@
 
 Four forked processes loop for a few seconds over two mutexes and one
 semaphore (limit 2) on a private redis-server, reached through a loopback
-TCP proxy, recording every critical section (tests/faults/history.py).
-Meanwhile the test pauses processes with SIGSTOP for longer than the lease,
-stalls every connection past the lease, resets every connection, and once
-SIGKILLs the server and starts it again: without persistence (every key
-gone) or with AOF (``appendfsync always``).  Then the checker judges the
-histories: no undetected overlap of mutex holders, never more semaphore
-holders than the limit, fences rising per name, every overlap detected.
+TCP proxy, recording every critical section as it ends
+(tests/faults/history.py).  Meanwhile the test pauses processes with
+SIGSTOP for longer than the lease, SIGKILLs one while it may hold a lease
+(and starts another in its place), stalls every connection past the lease,
+resets every connection, and once SIGKILLs the server and starts it again:
+without persistence (every key gone) or with AOF (``appendfsync always``).
+Then the checker judges the histories: no undetected overlap of mutex
+holders, never more semaphore holders than the limit, fences rising per
+name, every overlap detected.  (Failovers: tests/faults/test_failover.py.)
 """
 
 from __future__ import annotations
@@ -23,51 +25,19 @@ from typing import Any
 import pytest
 import redis
 
-from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
-from tests.faults.history import Section, check, load, save
-from tests.helpers import TcpProxy, fork_context, report, running
+from tests.faults.history import Section, check, load
+from tests.faults.workload import PROCESSES, TTL, loop
+from tests.helpers import TcpProxy, fork_context, forking, report, running
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
-TTL = 0.5
 RUN = 10.0  # seconds each process works for
-PROCESSES = 4
-MUTEXES = ("m0", "m1")
-SEMAPHORE, LIMIT = "s", 2
 
 
 def work(port: int, out: Path, seed: int, until: float) -> None:
-    rng = random.Random(seed)
     client = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=1.0)
-    sections: list[Section] = []
-    while time.monotonic() < until:
-        name = rng.choice((*MUTEXES, SEMAPHORE))
-        limit = LIMIT if name == SEMAPHORE else 1
-        prim: Any = (
-            Semaphore(client, name, LIMIT, ttl=TTL) if limit > 1 else Lock(client, name, ttl=TTL)
-        )
-        try:
-            if not prim.acquire(timeout=1.0):
-                continue
-        except BackendUnavailable:
-            time.sleep(0.05)
-            continue
-        # The section starts as acquire() returns; the grant was at
-        # granted_at or later (the library's earliest local estimate),
-        # which orders grants even when a pause came in between.
-        start, granted, fence = time.monotonic(), prim.granted_at, prim.fence
-        time.sleep(rng.uniform(0.005, 0.04))
-        end = time.monotonic()
-        outcome = "lost" if prim.lost else "released"
-        try:
-            prim.release()
-        except LockLost:
-            outcome = "lost"
-        except BackendUnavailable:
-            outcome = "lost"  # told: it could not confirm the release
-        sections.append(Section(name, limit, fence, start, end, outcome, os.getpid(), granted))
-    save(out, sections)
+    loop(client, out, seed, until)
 
 
 @pytest.mark.parametrize("persistence", ["none", "aof"])
@@ -84,15 +54,31 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
     procs = [
         ctx.Process(target=work, args=(proxy.port, files[i], i, until)) for i in range(PROCESSES)
     ]
-    faults: dict[str, int] = {"pauses": 0, "stalls": 0, "resets": 0, "restarts": 0}
+    killed: list[Any] = []
+    faults: dict[str, int] = {"pauses": 0, "kills": 0, "stalls": 0, "resets": 0, "restarts": 0}
     rng = random.Random(7)
     try:
         with running(procs):
             time.sleep(1.0)
-            planned = ["pause", "stall", "reset"]  # each at least once, then at random
+            # Each at least once, then at random.
+            planned = ["pause", "kill", "stall", "reset"]
             while time.monotonic() < until - 1.5:
                 fault = planned.pop(0) if planned else rng.choice(("pause", "stall", "reset"))
-                if fault == "pause":
+                if fault == "kill":
+                    # A holder dies (its lease must free itself); another takes its place.
+                    victim = rng.choice([p for p in procs if p.is_alive()])
+                    victim.kill()
+                    victim.join(5)
+                    files.append(tmp_path / f"history-{len(files)}.jsonl")
+                    spare = ctx.Process(
+                        target=work, args=(proxy.port, files[-1], len(files), until)
+                    )
+                    with forking():
+                        spare.start()
+                    procs.append(spare)
+                    killed.append(victim)
+                    faults["kills"] += 1
+                elif fault == "pause":
                     victim = rng.choice(procs)
                     os.kill(victim.pid, signal.SIGSTOP)  # a GC pause, a frozen VM
                     time.sleep(rng.uniform(TTL * 1.5, TTL * 2.5))
@@ -115,7 +101,7 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
                 time.sleep(rng.uniform(0.2, 0.5))
             for p in procs:
                 p.join(RUN + 15)
-                assert p.exitcode == 0
+                assert p in killed or p.exitcode == 0
     finally:
         proxy.close()
         server.stop()
@@ -123,16 +109,12 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
     verdict = check(sections)
     report(
         f"fault campaign, persistence={persistence}",
-        sections=verdict.sections,
         **faults,
-        detected_overlaps=verdict.detected_overlaps,
-        undetected_overlaps=len(verdict.undetected_overlaps),
-        over_limit=len(verdict.over_limit),
-        fences_back=len(verdict.fences_back),
+        **verdict.figures(),
     )
     assert verdict.sections > 50, verdict.summary()
     assert faults["restarts"] == 1 and sum(faults.values()) >= 6
-    assert faults["pauses"] and faults["stalls"] and faults["resets"]
+    assert faults["pauses"] and faults["kills"] and faults["stalls"] and faults["resets"]
     assert verdict.ok, (verdict.summary(), verdict.undetected_overlaps[:3], verdict.fences_back[:3])
 
 

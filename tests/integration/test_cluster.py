@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import shutil
+import signal
 import threading
 import time
 import weakref
@@ -26,7 +27,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from celery_redislock import Lock, LockTimeout, ReadWriteLock, Semaphore
+from celery_redislock import BackendUnavailable, Lock, LockTimeout, ReadWriteLock, Semaphore
 from celery_redislock.primitives import _keeper as renewal
 from celery_redislock.primitives import reap
 from celery_redislock.tasks import parking
@@ -553,6 +554,36 @@ def test_acquire_timeout_gives_up_and_leaves_the_queue(rc: RedisCluster, nodes: 
     assert caught.value.holder == holder.token
     holder.release()
     assert node.exists(holder.key) == 0  # nobody was left in line to hand it to
+
+
+def test_acquire_timeout_holds_when_the_owning_node_stalls(
+    redis_cluster: LocalCluster, rc: RedisCluster
+) -> None:
+    """The owning node stops answering (SIGSTOP: a frozen VM, a long fork)
+    while a waiter has a timeout: acquire(timeout=T) returns by T plus one
+    connect timeout, although the cluster client itself has no socket
+    timeout and would wait for as long as the node is stopped."""
+    holder = Lock(rc, "stalled-node", ttl=10.0, renew=False)
+    assert holder.acquire()
+    (server,) = [s for s in redis_cluster.servers if s.port == port_of(rc, holder.key)]
+    client = RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0])
+    client.ping(target_nodes=RedisCluster.ALL_NODES)  # connected before the stall
+    waiter = Attempt(Lock(client, "stalled-node", ttl=5.0), timeout=1.0)
+    connect = 1.0  # (CONNECT_TIMEOUT, as the client sets none)
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        waiter.start()
+        waiter.join(waiter.timeout + connect + 3)
+        alive = waiter.is_alive()
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    waiter.join(10)
+    client.close()
+    assert not alive, "acquire(timeout=1) still waiting on the stopped node"
+    assert waiter.ok is False or isinstance(waiter.error, BackendUnavailable), waiter.error
+    assert waiter.seconds <= waiter.timeout + connect + 0.3, waiter.seconds
+    holder.release()
 
 
 def test_extend_release_async_and_reap_reach_the_owning_node(

@@ -34,13 +34,10 @@ from typing import Any, Optional
 
 import pytest
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
-from redis.sentinel import Sentinel
 
 from celery_redislock import BackendUnavailable, Lock, LockLost
 from tests.helpers import blocked_clients, report, wait_until
-from tests.sentinel import Failover, LocalSentinel, SentinelUnavailable
+from tests.sentinel import Failover, LocalSentinel, sentinel_client
 
 pytestmark = [
     pytest.mark.slow,
@@ -52,30 +49,6 @@ SERVICE = "mymaster"
 
 
 # -- fixtures and helpers ------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def topology() -> Iterator[LocalSentinel]:
-    """A master, a replica and three sentinels, for the module."""
-    try:
-        sentinel = LocalSentinel()
-    except SentinelUnavailable as exc:
-        pytest.skip(str(exc))
-    sentinel.start()
-    yield sentinel
-    sentinel.stop()
-
-
-def sentinel_client(topology: LocalSentinel) -> tuple[Sentinel, redis.Redis]:
-    """A client on the master, built the way users build one."""
-    sentinel = Sentinel(topology.sentinels, socket_timeout=1)
-    client = sentinel.master_for(
-        SERVICE,
-        socket_timeout=1,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 10),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError],
-    )
-    return sentinel, client
 
 
 @pytest.fixture

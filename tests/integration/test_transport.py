@@ -29,6 +29,7 @@ from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
 from celery_redislock.primitives import _keeper, _scripts
 from celery_redislock.transport._encode import KeyBlock
 from tests.helpers import (
+    Attempt,
     TcpProxy,
     blocked_clients,
     collect_earlier_garbage,
@@ -476,31 +477,19 @@ def test_acquire_timeout_holds_when_the_connection_stalls(
         client = redis.Redis(
             port=proxy.port, socket_connect_timeout=connect, socket_timeout=connect
         )
-        waiter = Lock(client, "transport-stall", ttl=5.0)
-        outcome: list[Any] = []
-
-        def wait() -> None:
-            started = time.monotonic()
-            try:
-                outcome.append(waiter.acquire(timeout=timeout))
-            except BackendUnavailable as exc:
-                outcome.append(exc)
-            outcome.append(time.monotonic() - started)
-
+        waiter = Attempt(Lock(client, "transport-stall", ttl=5.0), timeout)
         if when == "before the first call":
             client.ping()  # connected, then partitioned
             proxy.blackhole()
-        thread = threading.Thread(target=wait)
-        thread.start()
+        waiter.start()
         if when == "while blocked":
             wait_until(lambda: blocked_clients(r) == 1, 2, what="the waiter to block")
             proxy.blackhole()
-        thread.join(timeout + connect + 5)
-        assert not thread.is_alive()
+        waiter.join(timeout + connect + 5)
+        assert not waiter.is_alive()
         client.close()
-    result, elapsed = outcome
-    assert result is False or isinstance(result, BackendUnavailable), result
-    assert elapsed <= timeout + connect + 0.3, elapsed
+    assert waiter.ok is False or isinstance(waiter.error, BackendUnavailable), waiter.error
+    assert waiter.seconds <= timeout + connect + 0.3, waiter.seconds
     # Nothing of the waiter is left in line: the holder's release frees the
     # lock (no hand-over to a waiter that gave up), and a newcomer gets it.
     time.sleep(0.1)

@@ -47,7 +47,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from . import _own
+from . import _cluster, _own
 from ._encode import KeyBlock, pack_command
 
 _record: Any
@@ -136,6 +136,8 @@ def call(
     """
     wait = None if replicas is None else pack_command("WAIT", *replicas)
     pool = _pool_of(client)
+    if pool is None and deadline is not None and isinstance(client, RedisCluster):
+        return _on_node_by(client, script, block, args, sends, deadline, replicas)
     if pool is None:
         if sends is not None:
             sends.append(1)
@@ -153,6 +155,42 @@ def call(
     return replies[0] if wait is None else (replies[0], int(replies[1]))
 
 
+def _on_node_by(
+    client: Any,
+    script: Script,
+    block: KeyBlock,
+    args: list[Any],
+    sends: Optional[list[int]],
+    deadline: float,
+    replicas: Optional[tuple[int, int]],
+) -> Any:
+    """:func:`call` bounded by ``deadline`` on a cluster: on a connection of
+    the library's own to the node that owns the keys (``execute_command``
+    would wait on a stalled node for as long as its socket timeout, and
+    retry under the cluster's policy), following MOVED while time is left."""
+    packed = block.evalsha(script.sha, args)
+    wait = None if replicas is None else pack_command("WAIT", *replicas)
+    pool = _cluster.pool_for(client, block.keys[0])
+    for _ in range(_cluster.REDIRECTS):
+        try:
+            try:
+                replies = _roundtrip(pool, packed, sends, deadline, wait)
+            except NoScriptError:
+                if sends is not None:
+                    sends.clear()  # an unknown script runs nothing
+                redis.Redis(connection_pool=pool).script_load(script.script)
+                replies = _roundtrip(pool, packed, sends, deadline, wait)
+        except MovedError as redirect:
+            pool = _cluster.follow(client, redirect)
+            continue
+        except AskError:
+            break  # a slot in migration: through the cluster's redirects
+        return replies[0] if wait is None else (replies[0], int(replies[1]))
+    if replicas is not None:
+        return _execute_and_wait(client, script, block, args, replicas)
+    return _execute(client, script, block, args)
+
+
 def _execute_and_wait(
     client: Any, script: Script, block: KeyBlock, args: list[Any], replicas: tuple[int, int]
 ) -> tuple[Any, int]:
@@ -160,7 +198,7 @@ def _execute_and_wait(
     node's, on a cluster), so WAIT counts that call's writes."""
     target = client
     if isinstance(client, RedisCluster):
-        target = client.get_redis_connection(_node(client, block.keys[0]))
+        target = client.get_redis_connection(_cluster.node_of(client, block.keys[0]))
     for attempt in (0, 1):
         pipe = target.pipeline(transaction=False)
         pipe.execute_command(*block.evalsha_args(script.sha, args), NEVER_DECODE=True)
@@ -296,10 +334,10 @@ def call_batch(
     if isinstance(client, RedisCluster):
         groups: dict[Any, list[int]] = {}
         for i, (_, block, _) in enumerate(calls):
-            node = _node(client, block.keys[0])
+            node = _cluster.node_of(client, block.keys[0])
             groups.setdefault(node.name, []).append(i)
         for indexes in groups.values():
-            node = _node(client, calls[indexes[0]][1].keys[0])
+            node = _cluster.node_of(client, calls[indexes[0]][1].keys[0])
             _pipeline(client.get_redis_connection(node), calls, indexes, results, replicas)
         for i, result in enumerate(results):
             if isinstance(result, (MovedError, AskError, TryAgainError)):
@@ -381,16 +419,11 @@ def _execute(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> A
         if isinstance(client, RedisCluster):
             # Load it on the node that owns the keys (SCRIPT LOAD would go to one
             # node chosen by redis-py, not necessarily that one).
-            node = _node(client, block.keys[0])
+            node = _cluster.node_of(client, block.keys[0])
             client.get_redis_connection(node).script_load(script.script)
         else:
             client.script_load(script.script)
         return client.execute_command(*command, NEVER_DECODE=True)
-
-
-def _node(client: Any, key: Any) -> Any:
-    """The cluster node that owns ``key``'s hash slot."""
-    return client.get_node_from_key(key)
 
 
 def _pool_of(client: Any) -> Any:
@@ -465,7 +498,8 @@ def _roundtrip(
             if sends is not None:
                 sends.append(1)
             try:
-                conn.connect()  # (no-op when connected; see send_and_read)
+                # (A no-op when connected; see send_and_read.)
+                _own.connect(conn, deadline)
                 conn.send_packed_command(commands)
                 return read(True)
             except ResponseError:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+import time
+from typing import Any, Optional
 
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["CONNECT_TIMEOUT", "connect_timeout", "give_back", "take"]
+__all__ = ["CONNECT_TIMEOUT", "connect", "connect_timeout", "give_back", "take"]
 
 #: Connect and socket timeout of an own connection when the pool sets none, s.
 CONNECT_TIMEOUT = 1.0
@@ -62,6 +63,29 @@ def take(pool: Any) -> Any:
     kwargs["socket_connect_timeout"] = kwargs.get("socket_connect_timeout") or CONNECT_TIMEOUT
     kwargs["socket_timeout"] = kwargs.get("socket_timeout") or CONNECT_TIMEOUT
     return pool.connection_class(**kwargs)
+
+
+def connect(conn: Any, by: Optional[float] = None) -> None:
+    """``conn.connect()`` (nothing when connected), as a pool does on checkout.
+
+    With ``by`` (time.monotonic()), connecting a new connection, handshake
+    included, takes no longer than until then: its connect and socket
+    timeouts are cut to the time left for that, and put back once connected.
+    """
+    if by is None or getattr(conn, "_sock", True) is not None:
+        conn.connect()
+        return
+    timeouts = conn.socket_connect_timeout, conn.socket_timeout
+    left = max(0.001, by - time.monotonic())
+    conn.socket_connect_timeout = min(timeouts[0] or left, left)
+    conn.socket_timeout = min(timeouts[1] or left, left)
+    try:
+        conn.connect()
+    finally:
+        conn.socket_connect_timeout, conn.socket_timeout = timeouts
+        sock = getattr(conn, "_sock", None)
+        if sock is not None:
+            sock.settimeout(timeouts[1])
 
 
 def give_back(pool: Any, conn: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import redis
 from redis.cluster import RedisCluster
 
-from . import _own
+from . import _cluster, _own
 from ._encode import pack_command
 
 __all__ = ["MARGIN", "wait_pop"]
@@ -45,23 +45,22 @@ def wait_pop(
         # early, so its reply is read by the deadline.
         ends = max(time.monotonic(), deadline - _EARLY)
     read_by = ends + MARGIN if deadline is None else min(ends + MARGIN, deadline)
-    pool, asking = _pool_for(client, key), False
-    for _ in range(_REDIRECTS):
+    if not isinstance(client, (redis.Redis, RedisCluster)):
+        raise TypeError(f"cannot wait on {client!r}: a redis.Redis or RedisCluster is needed")
+    pool, asking = _cluster.pool_for(client, key), False
+    for _ in range(_cluster.REDIRECTS):
         try:
             return _pop(pool, key, ends - time.monotonic(), read_by, asking)
         except redis.exceptions.AskError as redirect:  # MOVED is a kind of ASK
             if not isinstance(client, RedisCluster):
                 raise
-            pool = _follow(client, redirect)
+            pool = _cluster.follow(client, redirect)
             asking = not isinstance(redirect, redis.exceptions.MovedError)
-    raise redis.exceptions.ClusterError(f"BLPOP {key!r} redirected {_REDIRECTS} times")
+    raise redis.exceptions.ClusterError(f"BLPOP {key!r} redirected {_cluster.REDIRECTS} times")
 
 
 #: How much earlier than a caller's deadline its last BLPOP ends, in seconds.
 _EARLY = 0.02
-
-#: How many MOVED/ASK redirections one wait follows before giving up.
-_REDIRECTS = 5
 
 
 def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> Optional[bytes]:
@@ -74,7 +73,7 @@ def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> O
     try:
         # connect() first, as a pool does: a Sentinel connection asks where the
         # master is now (a bare send would reconnect to the host it had).
-        conn.connect()
+        _own.connect(conn, read_by)
         conn.send_packed_command(commands)
         if asking:
             conn.read_response()
@@ -94,31 +93,3 @@ def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> O
         return None
     value: bytes = reply[1]
     return value
-
-
-def _follow(client: Any, redirect: redis.exceptions.AskError) -> Any:
-    """The pool of the node a MOVED/ASK reply names; a MOVED also updates the
-    client's slot map, the way redis-py does on a redirected command."""
-    nodes = client.nodes_manager
-    if isinstance(redirect, redis.exceptions.MovedError):
-        if hasattr(nodes, "move_slot"):  # redis-py >= 5.1
-            nodes.move_slot(redirect)
-        else:  # redis-py 5.0: applied on the next slot lookup
-            nodes.update_moved_exception(redirect)  # (redis-py 5.0 only)
-    node = client.get_node(host=redirect.host, port=redirect.port)
-    if node is None:
-        nodes.initialize()
-        node = client.get_node(host=redirect.host, port=redirect.port)
-    if node is None:
-        raise redis.exceptions.ClusterError(f"no node at {redirect.host}:{redirect.port}")
-    return client.get_redis_connection(node).connection_pool
-
-
-def _pool_for(client: Any, key: str) -> Any:
-    """The pool whose server holds ``key``."""
-    if isinstance(client, RedisCluster):
-        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-        return client.get_redis_connection(node).connection_pool
-    if isinstance(client, redis.Redis):
-        return client.connection_pool
-    raise TypeError(f"cannot wait on {client!r}: a redis.Redis or RedisCluster is needed")
