@@ -180,6 +180,8 @@ class Result:
     cycles: list[float] = field(default_factory=list)
     #: (latency, how long the waiter had been in acquire() when the holder released)
     handoffs: list[tuple[float, float]] = field(default_factory=list)
+    #: The median handoff latency of each batch.
+    batch_medians: list[float] = field(default_factory=list)
 
 
 # -- uncontended cycles -----------------------------------------------------------------
@@ -336,6 +338,25 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def paired(results: list[Result]) -> str:
+    """celery_redislock's handoff against the token-list floor, batch by batch.
+
+    The machine's speed drifts over a run (other tenants, frequency scaling)
+    by more than the difference measured; batches run the contenders back to
+    back, so the ratio of two medians of one batch cancels most of that drift.
+    """
+    ours = next(r for r in results if r.contender.label == BASELINE)
+    floor = next(r for r in results if r.contender.make is TokenList)
+    ratios = [a / b for a, b in zip(ours.batch_medians, floor.batch_medians) if b]
+    if not ratios:
+        return "Handoff vs the token-list floor: no batches measured."
+    return (
+        f"Handoff vs the token-list floor, per batch (median of each, {len(ratios)} batches): "
+        f"median ratio {statistics.median(ratios):.2f}x, "
+        f"range {min(ratios):.2f}-{max(ratios):.2f}x"
+    )
+
+
 def details(results: list[Result]) -> str:
     lines = ["Commands written per uncontended cycle, and handoff sanity checks:", ""]
     for r in results:
@@ -370,6 +391,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--cycles", type=int, default=2000, help="uncontended cycles per library")
     parser.add_argument("--handoffs", type=int, default=50, help="measured handoffs per library")
     parser.add_argument(
+        "--batches", type=int, default=BATCHES, help=f"interleaved batches (default {BATCHES})"
+    )
+    parser.add_argument(
         "--hold-ms",
         type=float,
         nargs=2,
@@ -380,8 +404,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     args = parser.parse_args(argv)
     low, high = args.hold_ms
-    if args.cycles < 1 or args.handoffs < 1 or not 1 <= low <= high:
-        parser.error("--cycles and --handoffs must be positive, and 1 <= --hold-ms MIN <= MAX")
+    batches = args.batches
+    if args.cycles < 1 or args.handoffs < batches or batches < 1 or not 1 <= low <= high:
+        parser.error(
+            "--cycles and --batches must be positive, --handoffs at least --batches, "
+            "and 1 <= --hold-ms MIN <= MAX"
+        )
     hold = (low / 1000, high / 1000)
 
     server = start_server()
@@ -397,11 +425,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         )
         log(
             f"ttl {TTL} s; {args.cycles} cycles; {args.handoffs} handoffs, holder releases "
-            f"{low:g}-{high:g} ms after the waiter calls acquire(); {BATCHES} batches"
+            f"{low:g}-{high:g} ms after the waiter calls acquire(); {batches} batches"
         )
         results = [prepare(client, c) for c in CONTENDERS]
-        cycles, handoffs = split(args.cycles, BATCHES), split(args.handoffs, BATCHES)
-        for b in range(BATCHES):
+        cycles, handoffs = split(args.cycles, batches), split(args.handoffs, batches)
+        for b in range(batches):
             started = now()
             k = b % len(results)
             for r in results[k:] + results[:k]:
@@ -409,14 +437,19 @@ def main(argv: Optional[list[str]] = None) -> None:
                 c = r.contender
                 if c.handoff and handoffs[b]:
                     name = f"bench:handoff:{c.label}:{b}"
-                    r.handoffs += run_handoffs(client, c, name, handoffs[b], hold)
-            log(f"  batch {b + 1}/{BATCHES}: {now() - started:.1f} s")
+                    batch = run_handoffs(client, c, name, handoffs[b], hold)
+                    r.handoffs += batch
+                    if batch:
+                        r.batch_medians.append(statistics.median(h[0] for h in batch))
+            log(f"  batch {b + 1}/{batches}: {now() - started:.1f} s")
         for r in results:
             if r.contender.handoff and len(r.handoffs) < args.handoffs:
                 log(f"warning: {r.contender.label}: {len(r.handoffs)} handoffs measured")
         print(table(results))
         print()
         print(details(results))
+        print()
+        print(paired(results))
         client.close()
     finally:
         server.stop()

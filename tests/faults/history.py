@@ -49,7 +49,11 @@ class Verdict:
     undetected_overlaps: list[tuple[Section, Section]]
     over_limit: list[tuple[str, float, int]]
     fences_back: list[tuple[Section, Section]]
-    detected_overlaps: int
+    detected: list[tuple[Section, Section]]
+
+    @property
+    def detected_overlaps(self) -> int:
+        return len(self.detected)
 
     @property
     def ok(self) -> bool:
@@ -65,12 +69,42 @@ class Verdict:
             "fences_back": len(self.fences_back),
         }
 
+    def by_fault(self, faults: list[tuple[float, str]]) -> dict[str, dict[str, int]]:
+        """The totals by the fault each finding followed: ``faults`` are
+        (when it began, its kind); a finding goes to the last fault that began
+        before it ("none" when none had), an overlap by the later start of
+        its two sections, a fence by the later grant."""
+        starts = sorted(faults)
+        totals: dict[str, dict[str, int]] = {}
+
+        def count(at: float, what: str) -> None:
+            kind = "none"
+            for began, name in starts:
+                if began > at:
+                    break
+                kind = name
+            row = totals.setdefault(kind, dict.fromkeys(_FINDINGS, 0))
+            row[what] += 1
+
+        for a, b in self.detected:
+            count(max(a.start, b.start), "detected_overlaps")
+        for a, b in self.undetected_overlaps:
+            count(max(a.start, b.start), "undetected_overlaps")
+        for _, at, _ in self.over_limit:
+            count(at, "over_limit")
+        for _, b in self.fences_back:
+            count(b.granted, "fences_back")
+        return totals
+
     def summary(self) -> str:
         return (
             f"{self.sections} sections; overlaps detected {self.detected_overlaps}, "
             f"undetected {len(self.undetected_overlaps)}; over limit "
             f"{len(self.over_limit)}; fences back {len(self.fences_back)}"
         )
+
+
+_FINDINGS = ("detected_overlaps", "undetected_overlaps", "over_limit", "fences_back")
 
 
 def save(path: Path, sections: Iterable[Section]) -> None:
@@ -99,7 +133,10 @@ def check(sections: list[Section]) -> Verdict:
     by_name: dict[str, list[Section]] = defaultdict(list)
     for s in sections:
         by_name[s.name].append(s)
-    undetected, over, back, detected = [], [], [], 0
+    undetected: list[tuple[Section, Section]] = []
+    detected: list[tuple[Section, Section]] = []
+    over: list[tuple[str, float, int]] = []
+    back: list[tuple[Section, Section]] = []
     for name, group in by_name.items():
         group.sort(key=lambda s: s.start)
         limit = group[0].limit
@@ -115,7 +152,7 @@ def check(sections: list[Section]) -> Verdict:
                     if b.start >= a.end:
                         break
                     if a.outcome == "lost" or b.outcome == "lost":
-                        detected += 1
+                        detected.append((a, b))
                     else:
                         undetected.append((a, b))
         else:

@@ -55,6 +55,7 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
         ctx.Process(target=work, args=(proxy.port, files[i], i, until)) for i in range(PROCESSES)
     ]
     killed: list[Any] = []
+    began: list[tuple[float, str]] = []  # (when, which fault)
     faults: dict[str, int] = {"pauses": 0, "kills": 0, "stalls": 0, "resets": 0, "restarts": 0}
     rng = random.Random(7)
     try:
@@ -64,6 +65,7 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
             planned = ["pause", "kill", "stall", "reset"]
             while time.monotonic() < until - 1.5:
                 fault = planned.pop(0) if planned else rng.choice(("pause", "stall", "reset"))
+                began.append((time.monotonic(), fault))
                 if fault == "kill":
                     # A holder dies (its lease must free itself); another takes its place.
                     victim = rng.choice([p for p in procs if p.is_alive()])
@@ -96,6 +98,7 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
                     # SIGKILL, then start again on the same port and directory:
                     # with AOF every acknowledged write is back; without, every
                     # key (leases, queues, fences) is gone.
+                    began.append((time.monotonic(), "restart"))
                     server.restart()
                     faults["restarts"] += 1
                 time.sleep(rng.uniform(0.2, 0.5))
@@ -112,6 +115,8 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
         **faults,
         **verdict.figures(),
     )
+    for fault, totals in sorted(verdict.by_fault(began).items()):
+        report(f"  after a {fault}", **totals)
     assert verdict.sections > 50, verdict.summary()
     assert faults["restarts"] == 1 and sum(faults.values()) >= 6
     assert faults["pauses"] and faults["kills"] and faults["stalls"] and faults["resets"]
@@ -129,6 +134,11 @@ def test_the_checker_finds_what_it_must() -> None:
     assert (a, b) in verdict.undetected_overlaps
     assert verdict.detected_overlaps == 2  # (a, c) and (b, c)
     assert (a, d) in verdict.fences_back
+    # Each finding goes to the last fault that began before it.
+    totals = verdict.by_fault([(0.4, "pause"), (0.55, "stall"), (1.9, "reset")])
+    assert totals["pause"]["undetected_overlaps"] == 1  # (a, b), from 0.5
+    assert totals["stall"]["detected_overlaps"] == 2  # from 0.6
+    assert totals["reset"]["fences_back"] == 3  # d (after a, b and c), granted at 2.0
     sems = [Section("s", 2, i, i * 0.01, 1.0, "released", i, i * 0.01) for i in range(3)]
     assert check(sems).over_limit
     assert check([a, c]).ok

@@ -438,6 +438,35 @@ def test_newcomer_does_not_barge_past_a_queued_waiter_on_release(r: redis.Redis)
     waiter.release()
 
 
+@pytest.mark.parametrize("first", ["gone", "live"])
+def test_release_hands_over_to_the_first_live_waiter(r: redis.Redis, first: str) -> None:
+    """A release grants the first waiter still waiting (fence, lease and
+    wake-up), passing over one whose wait has lapsed."""
+    holder = Lock(r, "first-live", ttl=10.0)
+    assert holder.acquire()
+    gone = Lock(r, "first-live", ttl=10.0)
+    gone_token = gone._new_token()
+    live = Lock(r, "first-live", ttl=7.0)
+    live_token = live._new_token()
+    # Queued without blocking: the gone one gave up 1 ms after it queued.
+    order = [(gone, gone_token, 1), (live, live_token, 5000)]
+    for lock, token, wait_ms in order if first == "gone" else order[::-1]:
+        assert lock._attempt(token, wait_ms) == 0
+    time.sleep(0.01)
+    before = holder.fence
+    holder.release()
+    assert r.get(holder.key) == live_token.encode()
+    assert 6000 < r.pttl(holder.key) <= 7000  # the waiter's own lease
+    fence, _, granted_ms = r.lpop(live.keys.wake + live_token).partition(b":")  # type: ignore[union-attr]
+    assert int(fence) > before  # type: ignore[operator]
+    assert int(fence) == int(r.get(live.keys.fence))  # type: ignore[arg-type]
+    assert abs(int(granted_ms) - server_ms(r)) < 1000
+    assert r.exists(gone.keys.wake + gone_token) == 0
+    expected_left = 1 if first == "live" else 0  # (the lapsed one, dropped by a later call)
+    assert r.zcard(live.keys.queue) == expected_left
+    r.delete(holder.key, live.keys.queue, live.keys.meta)
+
+
 def test_newcomer_does_not_barge_when_the_holders_lease_runs_out(r: redis.Redis) -> None:
     # A known fault of polling locks (python-redis-lock's among them): when the
     # lock frees up with nobody releasing it, the next caller must not jump the queue.

@@ -11,12 +11,43 @@
 -- were granted (pairs: token, payload, to re-publish), {0} when the caller is
 -- not the holder (nothing changed).
 
--- The common case first, before the helpers are defined: the caller's own
--- lock, and nobody waiting or in flight.
-if ARGV[4] ~= '1' and redis.call('GET', KEYS[1]) == ARGV[1]
-    and redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
-  redis.call('DEL', KEYS[1])
-  return 1
+-- The common cases first, before the helpers are defined, in as few calls
+-- as they take (a hand-over's latency is this script's running time): the
+-- caller's own lock, and nobody waiting or in flight ...
+if ARGV[4] ~= '1' and redis.call('GET', KEYS[1]) == ARGV[1] then
+  local lines = redis.call('EXISTS', KEYS[3], KEYS[6])
+  if lines == 0 then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  -- ... or a blocked waiter first in line, and no parked task in flight: it
+  -- is granted here as serve() in _lib.lua would (fence, lease, wake-up).
+  -- (One of the two exists: if it is the queue, ZPOPMIN finds its head.)
+  if lines == 1 then
+    local first = redis.call('ZPOPMIN', KEYS[3])
+    local head = first[1]
+    if head then
+      local m = redis.call('HGET', KEYS[4], head) or ''
+      local deadline, ttl, kind = string.match(m, '^(%d+):(%d+):(%a):%a$')
+      local t = redis.call('TIME')
+      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      if kind == 'w' and tonumber(deadline) >= now then
+        redis.call('HDEL', KEYS[4], head)
+        local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+        if last and last >= f then f = last + 1 end
+        f = string.format('%.0f', f)
+        redis.call('SET', KEYS[2], f, 'PX', ARGV[3])
+        redis.call('SET', KEYS[1], head, 'PX', ttl)
+        local wake = ARGV[2] .. head
+        redis.call('RPUSH', wake, f .. ':' .. string.format('%.0f', now))  -- fence:grant time
+        redis.call('PEXPIRE', wake, ttl)
+        return 1
+      end
+      -- Anything else (gone, lapsed, parked) is served below: put it back.
+      redis.call('ZADD', KEYS[3], first[2], head)
+    end
+  end
 end
 
 -- include: _lib
