@@ -2,8 +2,9 @@
 
 Three ``redis-server --cluster-enabled yes`` processes (tests.redis_server's
 RedisServer, sharing one temp dir) joined with ``redis-cli --cluster create``,
-no replicas.  ``start()`` returns once every node's ``CLUSTER INFO`` says
-``cluster_state:ok`` and every node knows all 16384 slots.
+with no replicas, or ``replicas`` per master.  ``start()`` returns once every
+node's ``CLUSTER INFO`` says ``cluster_state:ok``, every node knows all 16384
+slots, and every replica's link to its master is up.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ __all__ = ["LocalCluster"]
 class LocalCluster:
     """``LocalCluster(3).start()``; ``ports`` are the masters'; ``stop()`` ends it."""
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
         cli = shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli is not installed (apt-get install redis-tools)")
         self.cli = cli
         self.dir = tempfile.mkdtemp(prefix="redislock-cluster-")
+        self.replicas = replicas
         self.servers: list[RedisServer] = []
-        for _ in range(masters):
+        #: Master port -> its replicas' ports, once started.
+        self.replica_ports: dict[int, list[int]] = {}
+        for _ in range(masters * (1 + replicas)):
             port = free_port()
             server = RedisServer(port)
             os.rmdir(server.dir)
@@ -45,12 +49,17 @@ class LocalCluster:
                 # past 65535 for an ephemeral port: pick a free one too.
                 "--cluster-port",
                 str(free_port()),
+                # A replica's first full sync starts at once (Redis 7 waits 5 s).
+                "--repl-diskless-sync-delay",
+                "0",
             ]
             self.servers.append(server)
 
     @property
     def ports(self) -> list[int]:
-        return [s.port for s in self.servers]
+        """The masters' ports (every node's before start())."""
+        replicas = {p for ports in self.replica_ports.values() for p in ports}
+        return [s.port for s in self.servers if s.port not in replicas]
 
     def start(self, timeout: float = 15.0) -> LocalCluster:
         try:
@@ -63,7 +72,7 @@ class LocalCluster:
                     "create",
                     *[f"127.0.0.1:{p}" for p in self.ports],
                     "--cluster-replicas",
-                    "0",
+                    str(self.replicas),
                     "--cluster-yes",
                 ],
                 check=True,
@@ -71,6 +80,8 @@ class LocalCluster:
                 timeout=timeout,
             )
             self._wait_ok(timeout)
+            if self.replicas:
+                self._wait_replicas(timeout)
         except BaseException:
             self.stop()
             raise
@@ -90,6 +101,29 @@ class LocalCluster:
         finally:
             for c in clients:
                 c.close()
+
+    def _wait_replicas(self, timeout: float) -> None:
+        """Learn which node replicates which, and wait for their links."""
+        deadline = time.monotonic() + timeout
+        while True:
+            links: dict[int, list[int]] = {}
+            up = True
+            for server in self.servers:
+                with redis.Redis(port=server.port, socket_timeout=1) as client:
+                    info = client.info("replication")
+                if info.get("role") == "slave":
+                    links.setdefault(int(info["master_port"]), []).append(server.port)
+                    up = up and info.get("master_link_status") == "up"
+            if up and sum(map(len, links.values())) == len(self.servers) - len(links):
+                self.replica_ports = links
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster replicas not in sync after {timeout} s: {links}")
+            time.sleep(0.05)
+
+    def server(self, port: int) -> RedisServer:
+        (found,) = [s for s in self.servers if s.port == port]
+        return found
 
     def owner(self, slot: int) -> int:
         """The port of the master that serves ``slot``."""

@@ -13,6 +13,7 @@ from those pools' settings.  Timings use time.monotonic().
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import shutil
 import signal
@@ -27,7 +28,14 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from celery_redislock import BackendUnavailable, Lock, LockTimeout, ReadWriteLock, Semaphore
+from celery_redislock import (
+    BackendUnavailable,
+    Lock,
+    LockError,
+    LockTimeout,
+    ReadWriteLock,
+    Semaphore,
+)
 from celery_redislock.primitives import _keeper as renewal
 from celery_redislock.primitives import reap
 from celery_redislock.tasks import parking
@@ -584,6 +592,58 @@ def test_acquire_timeout_holds_when_the_owning_node_stalls(
     assert waiter.ok is False or isinstance(waiter.error, BackendUnavailable), waiter.error
     assert waiter.seconds <= waiter.timeout + connect + 0.3, waiter.seconds
     holder.release()
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[LocalCluster]:
+    """A local cluster of 3 masters, each with one replica."""
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed: it is needed to create a Redis Cluster")
+    cluster = LocalCluster(3, replicas=1).start()
+    yield cluster
+    cluster.stop()
+
+
+def test_wait_replicas_waits_for_the_owning_nodes_replica(
+    replicated: LocalCluster, lost_events: list[Any]
+) -> None:
+    """On a cluster, a grant with wait_replicas=1 returns once the replica of
+    the master that owns the name has it; while that replica hears nothing
+    (SIGSTOP), a grant is undone and a renewal does not count."""
+    rc = RedisCluster(host="127.0.0.1", port=replicated.ports[0])
+    try:
+        held = Lock(rc, "replicated-held", ttl=1.0, wait_replicas=1, wait_timeout_ms=500)
+        assert held.acquire(blocking=False)
+        master = port_of(rc, held.key)
+        (replica_port,) = replicated.replica_ports[master]
+        with redis.Redis(port=replica_port, single_connection_client=True) as replica:
+            replica.execute_command("READONLY")  # (a replica answers reads of its slots then)
+            assert replica.get(held.key) == held.token.encode()  # type: ignore[union-attr]
+        # A second name on the same master, and its replica frozen.
+        other = next(
+            n
+            for n in (f"replicated-{i}" for i in range(1000))
+            if port_of(rc, Lock(rc, n).key) == master
+        )
+        stopped = replicated.server(replica_port).proc
+        assert stopped is not None
+        stopped.send_signal(signal.SIGSTOP)
+        try:
+            late = Lock(rc, other, ttl=5.0, wait_replicas=1, wait_timeout_ms=200)
+            assert late.acquire(blocking=False) is False
+            assert late.token is None
+            with redis.Redis(port=master) as node:
+                assert node.exists(late.key) == 0  # undone on the master
+            # The master keeps extending the held lease, unacknowledged: the
+            # holder is told once its last acknowledged lease has run out.
+            wait_until(lambda: held.lost, 3, 0.02, "the holder to be told")
+            assert [lease for lease, _ in lost_events] == [held]
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+        with contextlib.suppress(LockError):
+            held.release()
+    finally:
+        rc.close()
 
 
 def test_extend_release_async_and_reap_reach_the_owning_node(
