@@ -16,6 +16,7 @@ import tempfile
 import time
 
 import redis
+from redis.crc import key_slot
 
 from tests.redis_server import RedisServer, free_port
 
@@ -116,10 +117,28 @@ class LocalCluster:
                     up = up and info.get("master_link_status") == "up"
             if up and sum(map(len, links.values())) == len(self.servers) - len(links):
                 self.replica_ports = links
+                self._acknowledged(deadline)
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster replicas not in sync after {timeout} s: {links}")
             time.sleep(0.05)
+
+    def _acknowledged(self, deadline: float) -> None:
+        """One write on each master, waited for by its replicas.  A replica fresh
+        from its first sync acknowledges only on its once-a-second timer at
+        first (a WAIT then takes up to a second); after this, at once."""
+        for master, replicas in self.replica_ports.items():
+            key = next(
+                f"probe-{i}"
+                for i in range(100_000)
+                if self.owner(key_slot(f"probe-{i}".encode())) == master
+            )
+            with redis.Redis(port=master, socket_timeout=5) as client:
+                client.set(key, 1)
+                left = max(1, int((deadline - time.monotonic()) * 1000))
+                if client.wait(len(replicas), left) < len(replicas):
+                    raise RuntimeError(f"the replicas of {master} did not acknowledge a write")
+                client.delete(key)
 
     def server(self, port: int) -> RedisServer:
         (found,) = [s for s in self.servers if s.port == port]

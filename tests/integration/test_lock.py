@@ -1049,15 +1049,18 @@ def test_fifo_order_holds_within_one_millisecond(r: redis.Redis) -> None:
 def test_a_name_leaves_no_keys_once_its_holders_waiters_and_fence_retention_are_gone(
     r: redis.Redis,
 ) -> None:
-    """Released, crashed and abandoned holds and waits all end with an empty database."""
+    """Released, crashed and abandoned holds and waits all end with an empty database.
+
+    (A fence is kept for the longer of fence_retention and the ttl after the
+    name's last grant: 1 s each here, well inside the wait below.)"""
     r.flushdb()
     retention = 1.0
     opts: dict[str, Any] = {"fence_retention": retention}
     for i in range(50):  # released
         for prim in (
-            Lock(r, f"gone-{i}", ttl=5.0, **opts),
-            Semaphore(r, f"gone-{i}", 3, ttl=5.0, **opts),
-            ReadWriteLock(r, f"gone-{i}", ttl=5.0, **opts).read(),
+            Lock(r, f"gone-{i}", ttl=1.0, **opts),
+            Semaphore(r, f"gone-{i}", 3, ttl=1.0, **opts),
+            ReadWriteLock(r, f"gone-{i}", ttl=1.0, **opts).read(),
         ):
             assert prim.acquire(blocking=False)
             prim.release()
@@ -1072,15 +1075,15 @@ def test_a_name_leaves_no_keys_once_its_holders_waiters_and_fence_retention_are_
     # A waiter that died in line behind the crashed lock, and one behind a
     # holder that then released (it was handed the lock, for its own lease).
     assert enqueue(r, crashed[0].keys, "dead-waiter-1", 300, 10_000)[0] == 0
-    holder = Lock(r, "abandoned", ttl=5.0, **opts)
+    holder = Lock(r, "abandoned", ttl=1.0, **opts)
     assert holder.acquire()
     assert enqueue(r, holder.keys, "dead-waiter-2", 300, 300)[0] == 0
     holder.release()
     assert r.get(holder.key) == b"dead-waiter-2"
     # A contended semaphore acquire that stored the limit and gave up.
-    full = Semaphore(r, "full", 1, ttl=5.0, **opts)
+    full = Semaphore(r, "full", 1, ttl=1.0, **opts)
     assert full.acquire()
-    assert Semaphore(r, "full", 1, ttl=5.0, **opts).acquire(timeout=0.1) is False
+    assert Semaphore(r, "full", 1, ttl=1.0, **opts).acquire(timeout=0.1) is False
     full.release()
     assert r.dbsize() > 0
     fences = [k for k in r.scan_iter(match="*:fence")]

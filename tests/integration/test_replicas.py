@@ -39,6 +39,11 @@ class Pair:
             0.02,
             "the replica to sync",
         )
+        # A replica fresh from its first sync acknowledges on its once-a-second
+        # timer at first; one waited-for write, and it answers WAIT at once.
+        self.m.set("probe", 1)
+        assert self.m.wait(1, 5000) == 1
+        self.m.delete("probe")
 
     def promote(self) -> None:
         """What Sentinel does when the master is gone: the replica takes over."""
