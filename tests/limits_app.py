@@ -11,6 +11,7 @@ import os
 import time
 
 from celery import Celery
+from celery.signals import task_received
 
 from celery_redislock import LockedTask
 from tests.celery_app import body, record, recorder
@@ -99,6 +100,15 @@ def read(self, tag: str, duration: float = 0.2, seq: int = 0):
 )
 def write(self, tag: str, duration: float = 0.2, seq: int = 0):
     return body(self, tag, duration, mode="w", seq=seq)
+
+
+@task_received.connect
+def _received(request=None, **_: object) -> None:
+    """When each l.park message reached a worker (its main process, before the
+    pool hands it to a child): test_park.py tells the library's re-publishing
+    apart from the pool's dispatch with it."""
+    if request is not None and request.name == "l.park":
+        recorder().rpush(f"received:{request.id}", time.monotonic())
 
 
 @app.task(name="l.park", base=LockedTask, bind=True, lock_key=["job"], on_contention="park")
