@@ -6,11 +6,33 @@ import argparse
 import math
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
-__all__ = ["command_name", "log", "p99", "split", "tasks_and_rounds", "time_cycles"]
+__all__ = [
+    "command_name",
+    "log",
+    "p99",
+    "private_server",
+    "split",
+    "tasks_and_rounds",
+    "time_cycles",
+]
 
 now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process
+
+#: The checkout the benchmarks run from (tests/ holds the throwaway server).
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def private_server(extra: Optional[list[str]] = None) -> Any:
+    """A started throwaway redis-server on a free loopback port (the tests'
+    ``tests.redis_server.RedisServer``, with more options ``extra``)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.redis_server import RedisServer
+
+    return RedisServer(extra=extra).start()
 
 
 def command_name(packed: Any) -> str:

@@ -29,16 +29,14 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
-from common import command_name, log, p99, split, time_cycles
+from common import command_name, log, p99, private_server, split, time_cycles
 from redis.connection import Connection
 
 #: The lease of every lock, in seconds, for every library.
@@ -377,15 +375,6 @@ def details(results: list[Result]) -> str:
 # -- main ---------------------------------------------------------------------------------
 
 
-def start_server() -> Any:
-    root = Path(__file__).resolve().parent.parent
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from tests.redis_server import RedisServer
-
-    return RedisServer().start()
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cycles", type=int, default=2000, help="uncontended cycles per library")
@@ -412,7 +401,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         )
     hold = (low / 1000, high / 1000)
 
-    server = start_server()
+    server = private_server()
     try:
         client = make_client(server.port)
         libs = ", ".join(

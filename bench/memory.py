@@ -15,16 +15,13 @@ asserts.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import redis
+from common import private_server
 
 from celery_redislock import Lock
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def used(r: redis.Redis) -> int:
@@ -70,11 +67,7 @@ def main(argv: Any = None) -> None:
     parser.add_argument("--retention", type=float, default=60.0, help="fence_retention, s")
     parser.add_argument("--only", default=None, help="run only this contender")
     args = parser.parse_args(argv)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from tests.redis_server import RedisServer
-
-    server = RedisServer().start()
+    server = private_server()
     r = redis.Redis(port=server.port)
     rows = []
     try:

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
-from common import log
+from common import log, private_server
 
 WAKE = "bench:script-cost:list"
 
@@ -105,11 +103,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 4 or args.idle_ms < 0:
         parser.error("--rounds must be at least 4 and --idle-ms not negative")
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root))
-    from tests.redis_server import RedisServer
-
-    server = RedisServer(extra=["--slowlog-log-slower-than", "0"]).start()
+    server = private_server(["--slowlog-log-slower-than", "0"])
     try:
         client = redis.Redis(host="127.0.0.1", port=server.port)
         waiter = redis.Redis(host="127.0.0.1", port=server.port)

@@ -70,7 +70,7 @@ from redis.connection import Connection
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "bench")) if p not in sys.path]
 
-from common import command_name, log, p99, split, time_cycles  # noqa: E402
+from common import command_name, log, p99, private_server, split, time_cycles  # noqa: E402
 from ria_semaphore import RiASemaphore  # noqa: E402
 
 #: Lease of every semaphore, in seconds (ours renews it, RiA's prunes by it).
@@ -864,9 +864,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     race_s = 1.0 if args.quick else 2.0
     rounds = 1 if args.quick else 2
 
-    from tests.redis_server import RedisServer
-
-    server = RedisServer().start()
+    server = private_server()
     bench: Optional[Bench] = None
     started = now()
     try:

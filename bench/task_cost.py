@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
-from common import log, tasks_and_rounds
+from common import log, private_server, tasks_and_rounds
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -59,10 +59,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         __doc__, argv, 2000, "tasks per variant per round", "interleaved rounds"
     )
 
-    sys.path.insert(0, str(ROOT))
-    from tests.redis_server import RedisServer
-
-    server = RedisServer().start()
+    server = private_server()
     try:
         os.environ["BENCH_REDIS"] = server.url.rsplit("/", 1)[0]  # read by bench_app
         sys.path.insert(0, str(HERE))

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import redis
+from common import private_server
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -84,14 +85,6 @@ def log(message: str) -> None:
 
 
 # -- processes -----------------------------------------------------------------
-
-
-def start_server() -> Any:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from tests.redis_server import RedisServer
-
-    return RedisServer().start()
 
 
 class Worker:
@@ -615,7 +608,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error("--tasks, --duplicates, --rounds and --prefetch must be positive")
 
     total = time.perf_counter()
-    server = start_server()
+    server = private_server()
     base_url = server.url.rsplit("/", 1)[0]
     os.environ["BENCH_REDIS"] = base_url  # read by bench_app at import
     os.environ["BENCH_PREFETCH"] = str(args.prefetch)

@@ -145,12 +145,27 @@ def call(
             return _execute_and_wait(client, script, block, args, replicas)  # type: ignore[arg-type]
         return _execute(client, script, block, args)
     packed = block.evalsha(script.sha, args)
+    return _loaded_roundtrip(pool, script, packed, sends, deadline, wait, client.script_load)
+
+
+def _loaded_roundtrip(
+    pool: Any,
+    script: Script,
+    packed: bytes,
+    sends: Optional[list[int]],
+    deadline: Optional[float],
+    wait: Optional[bytes],
+    load: Callable[[Any], Any],
+) -> Any:
+    """:func:`_roundtrip`, sent again after ``load(script.script)`` when the
+    server did not know the script (NOSCRIPT: a restarted or flushed server);
+    the reply, or ``(reply, replicas that acknowledged)`` with ``wait``."""
     try:
         replies = _roundtrip(pool, packed, sends, deadline, wait)
     except NoScriptError:
         if sends is not None:
             sends.clear()  # an unknown script runs nothing
-        client.script_load(script.script)
+        load(script.script)
         replies = _roundtrip(pool, packed, sends, deadline, wait)
     return replies[0] if wait is None else (replies[0], int(replies[1]))
 
@@ -172,23 +187,21 @@ def _on_node_by(
     wait = None if replicas is None else pack_command("WAIT", *replicas)
     pool = _cluster.pool_for(client, block.keys[0])
     for _ in range(_cluster.REDIRECTS):
+        load = functools.partial(_load_on, pool)
         try:
-            try:
-                replies = _roundtrip(pool, packed, sends, deadline, wait)
-            except NoScriptError:
-                if sends is not None:
-                    sends.clear()  # an unknown script runs nothing
-                redis.Redis(connection_pool=pool).script_load(script.script)
-                replies = _roundtrip(pool, packed, sends, deadline, wait)
+            return _loaded_roundtrip(pool, script, packed, sends, deadline, wait, load)
         except MovedError as redirect:
             pool = _cluster.follow(client, redirect)
-            continue
         except AskError:
             break  # a slot in migration: through the cluster's redirects
-        return replies[0] if wait is None else (replies[0], int(replies[1]))
     if replicas is not None:
         return _execute_and_wait(client, script, block, args, replicas)
     return _execute(client, script, block, args)
+
+
+def _load_on(pool: Any, text: Any) -> Any:
+    """SCRIPT LOAD on the server of ``pool`` (a cluster node's)."""
+    return redis.Redis(connection_pool=pool).script_load(text)
 
 
 def _execute_and_wait(
