@@ -264,6 +264,43 @@ def test_renewal_of_20_locks_is_one_round_trip_per_tick(redis_url: str, r: redis
     assert lowest > 150  # every lock's lease was refreshed every tick
 
 
+def test_a_short_lease_taken_while_the_keeper_sleeps_long_is_renewed_in_time(
+    redis_url: str, r: redis.Redis
+) -> None:
+    client, _ = counting_client(redis_url)
+    slow = Lock(client, "renewed every 3 s", ttl=9.0)
+    assert slow.acquire(blocking=False)
+    k = renewal.keeper()
+    wait_until(lambda: slow in k.held(), 1, what="the keeper to take the long lease")
+    time.sleep(0.1)  # the keeper is asleep until the long lease's renewal
+    fast = Lock(client, "renewed every 0.1 s", ttl=0.3)
+    assert fast.acquire(blocking=False)
+    owned, min_pttl = hold_and_sample(fast, r, 1.0)  # more than 3 of its leases
+    fast.release()
+    slow.release()
+
+    assert all(owned)
+    assert min_pttl > 100
+
+
+def test_a_lease_released_before_the_keeper_takes_it_is_never_renewed(
+    redis_url: str, r: redis.Redis
+) -> None:
+    client, trips = counting_client(redis_url)
+    lock = Lock(client, "short holds", ttl=0.3)
+    k = renewal.keeper()
+    for _ in range(50):
+        assert lock.acquire(blocking=False)
+        lock.release()
+    trips.reset()
+    before = k.round_trips
+    time.sleep(0.4)  # past every one of those leases' first renewal
+
+    assert k.tokens() == []
+    assert k.round_trips == before
+    assert trips.count == 0
+
+
 # -- 4. round trips --------------------------------------------------------------------
 
 

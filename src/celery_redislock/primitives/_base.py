@@ -512,8 +512,8 @@ class Primitive:
         token = self._token
         if token is None:
             raise LockNotOwned(f"cannot release {self.kind} {self.name!r}: not acquired", self.key)
+        self._token = None  # (first: the keeper takes no lease noted under it after this)
         _keeper.keeper().discard(token)
-        self._token = None
         fence, self.fence = self.fence, None
         return token, fence
 

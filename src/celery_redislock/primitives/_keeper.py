@@ -132,6 +132,8 @@ class Keeper:
         self.pid = os.getpid()
         self._cond = threading.Condition(threading.Lock())
         self._held: dict[str, _Entry] = {}  # token -> entry
+        #: token -> lease (weakly) noted by add() for the keeper's thread to take.
+        self._pending: dict[str, weakref.ref[Any]] = {}
         self._renewers: dict[int, _ClientRenewer] = {}
         self._thread: Optional[threading.Thread] = None
         self._sleeping_until = 0.0  # monotonic time the keeper thread wakes by itself
@@ -140,11 +142,26 @@ class Keeper:
         self.round_trips = 0
 
     def add(self, lease: Any, token: str) -> None:
-        """Keep ``lease`` (held under ``token``) renewed until :meth:`discard`."""
-        entry = _Entry(lease, token)
+        """Keep ``lease`` (held under ``token``) renewed until :meth:`discard`.
+
+        Cheap for the acquiring thread, which has just been granted: the
+        lease is noted, and the keeper's thread makes its entry when it next
+        runs, which it does before the first renewal is due.
+        """
+        self._pending[token] = weakref.ref(lease)
+        self._idle_wait = lease.renew_interval
+        if self._thread is None:
+            self._start()
+        # Waking the keeper costs the acquiring thread a context switch;
+        # only do it when the keeper would otherwise sleep past this lease's
+        # first renewal.  (The keeper notes when it will wake before it looks
+        # for new leases a last time, so one noted after that look is seen.)
+        first_due = (lease.granted_at or time.monotonic()) + lease.renew_interval
+        if first_due < self._sleeping_until:
+            self._wake()
+
+    def _start(self) -> None:
         with self._cond:
-            self._idle_wait = entry.interval
-            self._held[token] = entry
             if self._thread is None:
                 # Started once per process (keeper() makes a new Keeper after
                 # fork); _run never lets an error end it.
@@ -152,23 +169,32 @@ class Keeper:
                     target=self._run, name="redislock-keeper", daemon=True
                 )
                 self._thread.start()
-            # Waking the keeper costs the acquiring thread a context switch;
-            # only do it when the keeper would otherwise sleep past this lease.
-            if entry.next_due < self._sleeping_until:
-                self._cond.notify()
+
+    def _take_pending(self) -> None:
+        """Make the entries of the leases noted by :meth:`add` (under ``_cond``);
+        one released (or held under another token) since is left out."""
+        pending = self._pending
+        while pending:
+            token, ref = pending.popitem()
+            lease = ref()
+            if lease is not None and lease.token == token:
+                self._held[token] = _Entry(lease, token)
 
     def discard(self, token: str) -> None:
         with self._cond:
+            self._pending.pop(token, None)
             self._held.pop(token, None)
 
     def held(self) -> list[Any]:
         """The leases being renewed (those still referenced elsewhere)."""
         with self._cond:
+            self._take_pending()
             leases = [e.ref() for e in self._held.values()]
         return [lease for lease in leases if lease is not None]
 
     def tokens(self) -> list[str]:
         with self._cond:
+            self._take_pending()
             return list(self._held)
 
     def _wake(self) -> None:
@@ -186,13 +212,16 @@ class Keeper:
     def _loop(self) -> None:
         while True:
             with self._cond:
+                self._take_pending()
                 while not self._held:
                     # Idle: sleep one renewal interval at a time rather than
                     # until notified, so that a short hold taken and released
                     # within it costs no thread wake-up at all (see add()).
                     idle = self._idle_wait
                     self._sleeping_until = time.monotonic() + idle
-                    self._cond.wait(idle)
+                    if not self._pending:
+                        self._cond.wait(idle)
+                    self._take_pending()
                 self._sleeping_until = 0.0
                 now = time.monotonic()
                 for token in [t for t, e in self._held.items() if e.ref() is None]:
@@ -223,7 +252,8 @@ class Keeper:
                 if not expired and not due:
                     until = min(wake_at, default=now + 1.0)
                     self._sleeping_until = until
-                    self._cond.wait(max(0.0, until - now))
+                    if not self._pending:
+                        self._cond.wait(max(0.0, until - now))
                     self._sleeping_until = 0.0
             for e in expired:
                 self._lost(
