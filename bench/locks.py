@@ -10,14 +10,19 @@ Redlock, plus two baselines (a bare PING, and a bare BLPOP/RPUSH token list):
 * handoff latency: a waiter in another process is blocked in ``acquire()``
   when the holder releases; latency is the waiter's acquire-return time minus
   the holder's release-call time, both read from CLOCK_MONOTONIC, which all
-  processes of a Linux machine share.
+  processes of a Linux machine share.  ``--segments`` also splits each
+  handoff in three: the holder's client from the release call to its command
+  going out; from there to the waiter's client reading the wake-up (Redis's
+  work, the wake-up, the read); and from that read to ``acquire()``
+  returning (the waiter's client).  Timing the segments costs both sides a
+  clock read per command and per reply.
 
 The timed work runs in interleaved batches (every contender, in rotating
 order, then again), so a burst of load on the machine spreads over all of
 them instead of landing on one.  Prints a markdown table; ratios are against
 celery_redislock in the same run.  A benchmark, not a test: it never asserts.
 
-    python bench/locks.py [--cycles N] [--handoffs N] [--hold-ms MIN MAX]
+    python bench/locks.py [--cycles N] [--handoffs N] [--hold-ms MIN MAX] [--segments]
 """
 
 from __future__ import annotations
@@ -69,12 +74,25 @@ class CountingConnection(Connection):
 
     #: Names of the commands written since recording started; None: not recording.
     sent: Optional[list[str]] = None
+    #: With --segments: the time the first command went out since this was
+    #: set to None, and the time the last reply was read (this process).
+    timing = False
+    first_send: Optional[float] = None
+    last_read = 0.0
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         log = CountingConnection.sent
         if log is not None:
             log.append(command_name(command))
+        if CountingConnection.timing and CountingConnection.first_send is None:
+            CountingConnection.first_send = now()
         super().send_packed_command(command, check_health)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        reply = super().read_response(*args, **kwargs)
+        if CountingConnection.timing:
+            CountingConnection.last_read = now()
+        return reply
 
 
 def make_client(port: int) -> redis.Redis:
@@ -180,6 +198,9 @@ class Result:
     handoffs: list[tuple[float, float]] = field(default_factory=list)
     #: The median handoff latency of each batch.
     batch_medians: list[float] = field(default_factory=list)
+    #: With --segments, per handoff: (release call to send, send to the
+    #: waiter's read of the wake-up, that read to acquire() returning).
+    segments: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 # -- uncontended cycles -----------------------------------------------------------------
@@ -219,21 +240,25 @@ def handoff_player(
     rounds: int,
     hold: tuple[float, float],
     out: Any,
+    segments: bool = False,
 ) -> None:
     """One of two processes playing ping-pong with one lock; roles swap every round.
 
     A round: the holder tells the waiter it holds the lock; the waiter answers
     that it is about to call acquire() and calls it; the holder sleeps a
-    random ``hold`` (s), notes the time and releases, then sends that time;
-    the waiter, now the holder, records acquire-return minus release-call.
+    random ``hold`` (s), notes the time and releases, then sends that time
+    (and the time its command went out, with ``segments``); the waiter, now
+    the holder, records acquire-return minus release-call.
     """
+    CountingConnection.timing = segments
     client = make_client(port)
     warm = c.make(client, name + ":warm")  # connect, load scripts, start threads
     warm.acquire()
     warm.release()
     lock = c.make(client, name)
     rng = random.Random(os.getpid())
-    samples: list[tuple[int, float, float]] = []  # (round, latency, time blocked)
+    # (round, latency, time blocked, segments or None)
+    samples: list[tuple[int, float, float, Optional[tuple[float, float, float]]]] = []
     holding = holds_first
     if holding:
         lock.acquire()
@@ -242,9 +267,10 @@ def handoff_player(
             peer.send("held")
             peer.recv()  # "waiting": the peer is about to call acquire()
             time.sleep(rng.uniform(*hold))
+            CountingConnection.first_send = None
             released_at = now()
             lock.release()
-            peer.send(released_at)
+            peer.send((released_at, CountingConnection.first_send))
             holding = False
         else:
             peer.recv()  # "held"
@@ -252,8 +278,12 @@ def handoff_player(
             called_at = now()
             lock.acquire()
             got_at = now()
-            released_at = peer.recv()
-            samples.append((i, got_at - released_at, released_at - called_at))
+            released_at, sent_at = peer.recv()
+            parts = None
+            if segments and sent_at is not None:
+                read_at = CountingConnection.last_read
+                parts = (sent_at - released_at, read_at - sent_at, got_at - read_at)
+            samples.append((i, got_at - released_at, released_at - called_at, parts))
             holding = True
     if holding:
         lock.release()
@@ -262,9 +292,15 @@ def handoff_player(
 
 
 def run_handoffs(
-    client: redis.Redis, c: Contender, name: str, handoffs: int, hold: tuple[float, float]
-) -> list[tuple[float, float]]:
-    """WARMUP_HANDOFFS + ``handoffs`` rounds between two forked processes."""
+    client: redis.Redis,
+    c: Contender,
+    name: str,
+    handoffs: int,
+    hold: tuple[float, float],
+    segments: bool = False,
+) -> list[tuple[float, float, Optional[tuple[float, float, float]]]]:
+    """WARMUP_HANDOFFS + ``handoffs`` rounds between two forked processes:
+    (latency, time blocked, segments or None) of each measured one."""
     if c.seed is not None:
         c.seed(client, name)
         c.seed(client, name + ":warm")
@@ -277,7 +313,7 @@ def run_handoffs(
         receive, send = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=handoff_player,
-            args=(c, port, name, end, first, rounds, hold, send),
+            args=(c, port, name, end, first, rounds, hold, send, segments),
             daemon=True,
         )
         p.start()
@@ -301,7 +337,7 @@ def run_handoffs(
             log(f"warning: {c.label} handoff player {p.pid} stuck, terminating it")
             p.terminate()
             p.join()
-    return [(lat, blocked) for i, lat, blocked in samples if i >= WARMUP_HANDOFFS]
+    return [(lat, blocked, parts) for i, lat, blocked, parts in samples if i >= WARMUP_HANDOFFS]
 
 
 # -- report ------------------------------------------------------------------------------
@@ -355,6 +391,21 @@ def paired(results: list[Result]) -> str:
     )
 
 
+def segment_table(results: list[Result]) -> str:
+    """Where each contender's handoff goes (medians of each segment, µs)."""
+    lines = [
+        "Handoff segments, medians in µs (--segments):",
+        "",
+        "| library | release call to send | send to the waiter's read | read to acquire() return |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in results:
+        if r.segments:
+            cells = " | ".join(f"{statistics.median(part) * 1e6:.0f}" for part in zip(*r.segments))
+            lines.append(f"| {r.contender.label} | {cells} |")
+    return "\n".join(lines)
+
+
 def details(results: list[Result]) -> str:
     lines = ["Commands written per uncontended cycle, and handoff sanity checks:", ""]
     for r in results:
@@ -381,6 +432,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--handoffs", type=int, default=50, help="measured handoffs per library")
     parser.add_argument(
         "--batches", type=int, default=BATCHES, help=f"interleaved batches (default {BATCHES})"
+    )
+    parser.add_argument(
+        "--segments",
+        action="store_true",
+        help="also split each handoff into the holder's, the server's and the waiter's part",
     )
     parser.add_argument(
         "--hold-ms",
@@ -426,8 +482,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                 c = r.contender
                 if c.handoff and handoffs[b]:
                     name = f"bench:handoff:{c.label}:{b}"
-                    batch = run_handoffs(client, c, name, handoffs[b], hold)
-                    r.handoffs += batch
+                    batch = run_handoffs(client, c, name, handoffs[b], hold, args.segments)
+                    r.handoffs += [(lat, blocked) for lat, blocked, _ in batch]
+                    r.segments += [parts for _, _, parts in batch if parts is not None]
                     if batch:
                         r.batch_medians.append(statistics.median(h[0] for h in batch))
             log(f"  batch {b + 1}/{batches}: {now() - started:.1f} s")
@@ -439,6 +496,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(details(results))
         print()
         print(paired(results))
+        if args.segments:
+            print()
+            print(segment_table(results))
         client.close()
     finally:
         server.stop()
