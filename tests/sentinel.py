@@ -21,8 +21,12 @@ wrong role for 4 hello periods (8 s), so a failover takes over 10 s.  With
 ``SENTINEL DEBUG info-period/publish-period`` (Redis >= 7.0), which brings a
 failover down to about 2.5 s; on an older Redis that is skipped.  Both data
 servers run with ``repl-diskless-sync-delay 0`` (Redis 7 waits 5 s before a
-full sync by default).  ``failover()`` returns a :class:`Failover` with the
-instants it saw, including how long both servers answered as masters.
+full sync by default).  A server counts as down after 5 s without an answer
+(``down-after-milliseconds``): the tests only fail over on purpose, and on a
+loaded machine a server that stalls for a second must not be failed over
+(or failed back) by the sentinels behind a test's back.  ``failover()``
+returns a :class:`Failover` with the instants it saw, including how long both
+servers answered as masters.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ class LocalSentinel:
         sentinels: int = 3,
         *,
         fast: bool = True,
-        down_after_ms: int = 1000,
+        down_after_ms: int = 5000,
         failover_timeout_ms: int = 5000,
     ) -> None:
         binary = shutil.which("redis-server")
