@@ -74,29 +74,35 @@ class CountingConnection(Connection):
 
     #: Names of the commands written since recording started; None: not recording.
     sent: Optional[list[str]] = None
-    #: With --segments: the time the first command went out since this was
-    #: set to None, and the time the last reply was read (this process).
-    timing = False
-    first_send: Optional[float] = None
-    last_read = 0.0
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         log = CountingConnection.sent
         if log is not None:
             log.append(command_name(command))
-        if CountingConnection.timing and CountingConnection.first_send is None:
-            CountingConnection.first_send = now()
+        super().send_packed_command(command, check_health)
+
+
+class TimingConnection(CountingConnection):
+    """With --segments: when the first command went out since ``first_send``
+    was set to None, and when the last reply was read (in this process)."""
+
+    first_send: Optional[float] = None
+    last_read = 0.0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if TimingConnection.first_send is None:
+            TimingConnection.first_send = now()
         super().send_packed_command(command, check_health)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         reply = super().read_response(*args, **kwargs)
-        if CountingConnection.timing:
-            CountingConnection.last_read = now()
+        TimingConnection.last_read = now()
         return reply
 
 
-def make_client(port: int) -> redis.Redis:
-    pool = redis.ConnectionPool(host="127.0.0.1", port=port, connection_class=CountingConnection)
+def make_client(port: int, timing: bool = False) -> redis.Redis:
+    kind = TimingConnection if timing else CountingConnection
+    pool = redis.ConnectionPool(host="127.0.0.1", port=port, connection_class=kind)
     return redis.Redis(connection_pool=pool)
 
 
@@ -250,8 +256,7 @@ def handoff_player(
     (and the time its command went out, with ``segments``); the waiter, now
     the holder, records acquire-return minus release-call.
     """
-    CountingConnection.timing = segments
-    client = make_client(port)
+    client = make_client(port, timing=segments)
     warm = c.make(client, name + ":warm")  # connect, load scripts, start threads
     warm.acquire()
     warm.release()
@@ -267,10 +272,10 @@ def handoff_player(
             peer.send("held")
             peer.recv()  # "waiting": the peer is about to call acquire()
             time.sleep(rng.uniform(*hold))
-            CountingConnection.first_send = None
+            TimingConnection.first_send = None
             released_at = now()
             lock.release()
-            peer.send((released_at, CountingConnection.first_send))
+            peer.send((released_at, TimingConnection.first_send))
             holding = False
         else:
             peer.recv()  # "held"
@@ -281,7 +286,7 @@ def handoff_player(
             released_at, sent_at = peer.recv()
             parts = None
             if segments and sent_at is not None:
-                read_at = CountingConnection.last_read
+                read_at = TimingConnection.last_read
                 parts = (sent_at - released_at, read_at - sent_at, got_at - read_at)
             samples.append((i, got_at - released_at, released_at - called_at, parts))
             holding = True
