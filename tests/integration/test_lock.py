@@ -685,8 +685,9 @@ def test_retried_acquire_with_the_same_token_is_granted_again(r: redis.Redis) ->
     first = enqueue(r, k, "token-1", 5000, 0)
     r.pexpire(k.lock, 1000)
     second = enqueue(r, k, "token-1", 5000, 0)
-    assert first == second  # held, with the same fence
-    assert r.get(k.fence) == str(first).encode()  # no second grant
+    # Held, confirmed with a fence of its own: higher, and the name's last.
+    assert isinstance(first, int) and isinstance(second, int) and second > first
+    assert r.get(k.fence) == str(second).encode()
     assert r.get(k.lock) == b"token-1"
     assert r.pttl(k.lock) > 4000  # the retry restored the full lease
     third = enqueue(r, k, "token-2", 5000, 0)
@@ -1127,6 +1128,45 @@ def test_a_name_leaves_no_keys_once_its_holders_waiters_and_fence_retention_are_
     assert {k for k in r.scan_iter()} - set(fences) != set()  # the crashed and the queued
     # Within the leases, grace and retention, everything goes by itself.
     wait_until(lambda: r.dbsize() == 0, 5, interval=0.1, what="every key to expire")
+
+
+def _primitive(kind: str, client: redis.Redis, name: str) -> Lock | Semaphore:
+    if kind == "lock":
+        return Lock(client, name, ttl=5.0, renew=False)
+    if kind == "semaphore":
+        return Semaphore(client, name, limit=1, ttl=5.0, renew=False)
+    return ReadWriteLock(client, name, ttl=5.0).write(renew=False)
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "write side"])
+def test_a_late_confirmation_is_fenced_above_every_fence_handed_out_before_it(
+    r: redis.Redis, private_redis: RedisServer, kind: str
+) -> None:
+    """A grant confirmed late (a retried call, or a wake-up read after a
+    failover, asking again on the new master) gets a new fence: the one issued
+    at grant time may be lower than fences handed out meanwhile, elsewhere.
+
+    Two servers stand for the two masters of a split brain: the name is
+    granted on one, then taken three times on the other, then the first grant
+    is confirmed."""
+    name = f"late-confirmation-{kind}"
+    other = redis.Redis(port=private_redis.port)
+    try:
+        late = _primitive(kind, other, name)
+        token = late._new_token()
+        assert late._attempt(token, 0) == 1
+        issued = late.fence
+        elsewhere = []
+        for _ in range(3):
+            with _primitive(kind, r, name) as held:
+                elsewhere.append(held.fence)
+        late._token = None  # (as if the reply had never arrived)
+        assert late._attempt(token, 0) == 1  # the same token asks again
+        assert_rising([issued, *elsewhere, late.fence])
+        late.release()
+        assert other.exists(late.key) == 0
+    finally:
+        other.close()
 
 
 def test_fences_keep_rising_across_a_restart_without_persistence() -> None:

@@ -18,7 +18,7 @@
 -- Returns reply(): the fence (or {1, fence, '', now, pairs...} when parked tasks
 -- were granted too) when the caller holds the lock
 -- (also when it already did: a retried call whose reply was lost, or a grant
--- made by a release while it waited), {0, holder's remaining lease ms, holder,
+-- made by a release while it waited; a new fence then), {0, holder's remaining lease ms, holder,
 -- now, pairs...} when it does not, {-1, ...} for a duplicate parked run.
 
 -- The common case first, before the helpers are defined: free, nobody in line
@@ -49,9 +49,13 @@ if front == 'dup' then
 end
 local holder = redis.call('GET', lock)
 if holder == token then
+  -- Held already: confirmed with a new fence, never the one of the grant.
+  -- That one may be older than fences handed out since (this confirmation
+  -- can come late, and on a new master after a failover); a fence handed
+  -- out is never lower than one handed out before it.
   redis.call('PEXPIRE', lock, ttl)
   redis.call('DEL', wake .. token)
-  return reply(1, tonumber(redis.call('GET', KEYS[2])), '', 0, out)
+  return reply(1, next_fence(Q), '', 0, out)
 end
 if not holder and redis.call('EXISTS', Q.queue, Q.inflight) == 0 then
   -- Free with nobody in line: the common case, taken without queueing.

@@ -28,7 +28,10 @@ if redis.call('ZSCORE', Q.holders, token) then
   redis.call('ZADD', Q.holders, now + tonumber(ttl), token)
   keep_holders(Q, tonumber(ttl))
   redis.call('DEL', Q.wake .. token)
-  return reply(1, tonumber(redis.call('HGET', Q.info, token)), '', now, out)
+  -- Confirmed with a new fence (see lock_acquire.lua).
+  local f = next_fence(Q)
+  redis.call('HSET', Q.info, token, int(f))
+  return reply(1, f, '', now, out)
 end
 if mode == 's' then
   redis.call('HSET', Q.info, '!limit', ARGV[12])
