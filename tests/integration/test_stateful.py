@@ -1,10 +1,13 @@
 """Lock and Semaphore against a model, driven by hypothesis.stateful, on a real Redis.
 
-Three clients of one name take, release and lose (the lease runs out, as
-after a pause) their holds in whatever order hypothesis picks.  The model
-says who holds what; after every step the primitives must agree with it:
-never more holders than the limit, a grant exactly when the model has room,
-fences rising per name, and a holder whose lease ran out told so on release.
+Three clients of one name take, release, renew and lose (the lease runs
+out, as after a pause) their holds, queue and give up (with or without a
+release handing over to them first), and ask again with the token they hold
+(a retried call), in whatever order hypothesis picks.  The model says who
+holds what; after every step the primitives must agree with it: never more
+holders than the limit, a grant exactly when the model has room, fences
+rising per name (a hold confirmed again included), and a holder whose lease
+ran out told so on release or renewal.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -53,9 +57,66 @@ def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
             got = prim.acquire(blocking=False)
             assert got == (len(self.holding) < limit), (got, self.holding)
             if got:
-                assert prim.fence > self.last_fence
-                self.last_fence = prim.fence
-                self.holding.add(i)
+                self.granted(i)
+
+        def granted(self, i: int) -> None:
+            fence = self.prims[i].fence
+            assert fence > self.last_fence, (fence, self.last_fence)
+            self.last_fence = fence
+            self.holding.add(i)
+
+        @rule(i=who, handed=st.booleans())
+        def wait_then_give_up(self, i: int, handed: bool) -> None:
+            """Queue as a blocked acquire() does; then maybe a holder releases
+            (and hands over, to this waiter alone in line); then give up, as
+            a timed-out acquire() does: held exactly when it was handed over."""
+            prim = self.prims[i]
+            if i in self.holding or i in self.expired:
+                return
+            token = prim._new_token()
+            if prim._attempt(token, 60_000) == 1:  # room: granted at once
+                assert len(self.holding) < limit, self.holding
+                self.granted(i)
+                return
+            assert len(self.holding) == limit, self.holding
+            if handed:
+                j = min(self.holding)
+                self.prims[j].release()
+                self.holding.discard(j)
+            assert prim._give_up(token) == handed
+            if handed:
+                self.granted(i)
+
+        @rule(i=who)
+        def ask_again(self, i: int) -> None:
+            """A retried acquire with the token of the hold (its reply was
+            lost): confirmed with a new, higher fence while the lease is live;
+            after it ran out, a grant like any other."""
+            prim = self.prims[i]
+            if i not in self.holding and i not in self.expired:
+                return
+            token = prim.token
+            prim._token = None  # (as if the first reply had never arrived)
+            self.expired.discard(i)
+            room = i in self.holding or len(self.holding) < limit
+            self.holding.discard(i)
+            got = prim._attempt(token, 0) == 1
+            assert got == room, (got, self.holding)
+            if got:
+                self.granted(i)
+
+        @rule(i=who)
+        def renew(self, i: int) -> None:
+            prim = self.prims[i]
+            if i in self.holding:
+                prim.extend()
+            elif i in self.expired:
+                with pytest.raises(LockLost):
+                    prim.extend()
+                self.expired.discard(i)  # (told: it holds nothing now)
+            else:
+                with pytest.raises(LockNotOwned):
+                    prim.extend()
 
         @rule(i=who)
         def release(self, i: int) -> None:
