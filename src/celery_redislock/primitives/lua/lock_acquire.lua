@@ -18,8 +18,9 @@
 -- Returns reply(): the fence (or {1, fence, '', now, pairs...} when parked tasks
 -- were granted too) when the caller holds the lock
 -- (also when it already did: a retried call whose reply was lost, or a grant
--- made by a release while it waited; a new fence then), {0, holder's remaining lease ms, holder,
--- now, pairs...} when it does not, {-1, ...} for a duplicate parked run.
+-- made by a release while it waited; a new fence then), {0, holder's
+-- remaining lease ms, holder, now, pairs...} when it does not, {-1, ...} for a
+-- duplicate parked run.
 
 -- The common case first, before the helpers are defined: free, nobody in line
 -- (or in flight), and not the re-published run of a parked task.

@@ -25,12 +25,11 @@ end
 local now = now_ms()
 prune(Q, now)
 if redis.call('ZSCORE', Q.holders, token) then
-  redis.call('ZADD', Q.holders, now + tonumber(ttl), token)
-  keep_holders(Q, tonumber(ttl))
-  redis.call('DEL', Q.wake .. token)
-  -- Confirmed with a new fence (see lock_acquire.lua).
+  -- Held already: granted again, lease and a new fence (see lock_acquire.lua).
+  local _, grant = multi_rules(Q, now, 0)
   local f = next_fence(Q)
-  redis.call('HSET', Q.info, token, int(f))
+  grant(token, ttl, mode, f)
+  redis.call('DEL', Q.wake .. token)
   return reply(1, f, '', now, out)
 end
 if mode == 's' then
