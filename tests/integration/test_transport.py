@@ -25,9 +25,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
+from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore, transport
 from celery_redislock.primitives import _keeper, _scripts
+from celery_redislock.transport import _own
 from celery_redislock.transport._encode import KeyBlock
+from celery_redislock.transport._waits import MARGIN
 from tests.helpers import (
     Attempt,
     TcpProxy,
@@ -461,23 +463,33 @@ def test_a_lock_dropped_without_release_stops_being_renewed(redis_url: str, r: r
     assert _keeper.keeper().tokens() == []
 
 
+@pytest.mark.parametrize("over", ["tcp", "tls"])
 @pytest.mark.parametrize("when", ["while blocked", "before the first call"])
 def test_acquire_timeout_holds_when_the_connection_stalls(
-    redis_url: str, r: redis.Redis, when: str
+    request: pytest.FixtureRequest, redis_url: str, r: redis.Redis, when: str, over: str
 ) -> None:
     """A partition (every byte dropped, sockets left open) during or before a
     wait: acquire(timeout=T) returns by T plus one connect timeout, and what
-    it left queued is gone by then, so no later grant goes to nobody."""
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    holder = Lock(r, "transport-stall", ttl=10.0, renew=False)
+    it left queued is gone by then, so no later grant goes to nobody.  (A
+    plain socket's wait ends by a receive timeout in the kernel, a TLS one's
+    by its socket timeout.)"""
+    tls: dict[str, Any] = {}
+    if over == "tls":
+        server = request.getfixturevalue("tls_server")
+        port, tls = server.port, {"ssl": True, "ssl_cert_reqs": "none"}
+        r = redis.Redis(port=port, **tls)
+    else:
+        port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    name = f"transport-stall-{over}-{when.replace(' ', '-')}"
+    holder = Lock(r, name, ttl=10.0, renew=False)
     assert holder.acquire()
     timeout, connect = 2.0, 1.0
     with TcpProxy("127.0.0.1", port) as proxy:
         # (A new connection's handshake is bounded by socket_timeout.)
         client = redis.Redis(
-            port=proxy.port, socket_connect_timeout=connect, socket_timeout=connect
+            port=proxy.port, socket_connect_timeout=connect, socket_timeout=connect, **tls
         )
-        waiter = Attempt(Lock(client, "transport-stall", ttl=5.0), timeout)
+        waiter = Attempt(Lock(client, name, ttl=5.0), timeout)
         if when == "before the first call":
             client.ping()  # connected, then partitioned
             proxy.blackhole()
@@ -495,6 +507,32 @@ def test_acquire_timeout_holds_when_the_connection_stalls(
     time.sleep(0.1)
     holder.release()
     assert r.exists(holder.key) == 0
-    newcomer = Lock(r, "transport-stall", ttl=5.0)
+    newcomer = Lock(r, name, ttl=5.0)
     assert newcomer.acquire(blocking=False)
     newcomer.release()
+    if over == "tls":
+        r.close()
+
+
+def test_a_wait_ends_at_its_bound_when_no_reply_comes(redis_url: str, r: redis.Redis) -> None:
+    """A BLPOP whose reply never comes (the proxy holds it) is given up at
+    its own timeout plus the margin, and its connection is closed; the next
+    wait and the next deadline-bounded call on the thread's own connection
+    get their socket timeout back."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with TcpProxy("127.0.0.1", port) as proxy:
+        client = redis.Redis(port=proxy.port, socket_timeout=5.0)
+        assert transport.wait_pop(client, "transport-bound", 0.05) is None  # Redis's nil
+        conn = _own.take(client.connection_pool)
+        assert conn._sock is not None and conn._sock.gettimeout() == 5.0
+        assert conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) == bytes(16)
+        _own.give_back(client.connection_pool, conn)
+        proxy.stall()
+        started = time.monotonic()
+        assert transport.wait_pop(client, "transport-bound", 0.3) is None
+        took = time.monotonic() - started
+        assert 0.3 + MARGIN - 0.02 <= took <= 0.3 + MARGIN + 0.2, took
+        proxy.resume()
+        r.rpush("transport-bound-next", b"x")
+        assert transport.wait_pop(client, "transport-bound-next", 1.0) == b"x"  # reconnected
+        client.close()

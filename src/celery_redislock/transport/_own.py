@@ -16,7 +16,9 @@ asks the sentinels where the master is), with two changes:
   none, so that connecting (TCP, then the handshake) is bounded.
 
 They are kept, idle, for the next use, one per wait or call in progress, and
-closed when the client's pool goes away.  Callers ``connect()`` one before
+closed when the client's pool goes away.  A wait reads its reply from a
+blocking socket (:func:`read_until`); :func:`take` gives the next user the
+connection's own socket timeout back.  Callers ``connect()`` one before
 each use, as a pool does on checkout: since redis-py 6 a send on a closed
 connection reconnects to the host it last had, skipping a Sentinel
 connection's discovery of the current master.
@@ -25,6 +27,9 @@ connection's discovery of the current master.
 from __future__ import annotations
 
 import os
+import socket
+import struct
+import sys
 import threading
 import time
 from typing import Any, Optional
@@ -32,7 +37,7 @@ from typing import Any, Optional
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["CONNECT_TIMEOUT", "connect", "connect_timeout", "give_back", "take"]
+__all__ = ["CONNECT_TIMEOUT", "connect", "connect_timeout", "give_back", "read_until", "take"]
 
 #: Connect and socket timeout of an own connection when the pool sets none, s.
 CONNECT_TIMEOUT = 1.0
@@ -56,8 +61,10 @@ def take(pool: Any) -> Any:
     """An idle own connection of ``pool``, or a new one (not connected yet)."""
     with _idle_lock:
         pid, idle = getattr(pool, _IDLE, (None, None))
-        if idle and pid == os.getpid():  # a forked child does not use the parent's sockets
-            return idle.pop()
+        conn = idle.pop() if idle and pid == os.getpid() else None  # (not a parent's sockets)
+    if conn is not None:
+        _own_timeout(conn)
+        return conn
     kwargs = dict(pool.connection_kwargs)
     kwargs["retry"] = Retry(NoBackoff(), 0)
     kwargs["socket_connect_timeout"] = kwargs.get("socket_connect_timeout") or CONNECT_TIMEOUT
@@ -86,6 +93,54 @@ def connect(conn: Any, by: Optional[float] = None) -> None:
         sock = getattr(conn, "_sock", None)
         if sock is not None:
             sock.settimeout(timeouts[1])
+
+
+def read_until(conn: Any, by: float) -> None:
+    """Let the next reads on ``conn`` wait for a reply until ``by`` (time.monotonic()).
+
+    On a plain socket on Linux the socket blocks, with a receive timeout in
+    the kernel (SO_RCVTIMEO): a reply wakes the read itself, with no poll()
+    before it and no Python between the two, which is most of what a
+    hand-over costs the woken waiter.  A read that times out raises redis-py's
+    ConnectionError (EAGAIN) at ``by``.  Elsewhere (TLS, a socket of gevent or
+    eventlet, whose reads a kernel timeout would not end) the socket's own
+    timeout is cut to the time left, and a late read raises TimeoutError.
+    """
+    sock = getattr(conn, "_sock", None)
+    if sock is None:
+        return
+    left = max(0.001, by - time.monotonic())
+    if _KERNEL_TIMEOUT and type(sock) is _PLAIN_SOCKET:
+        seconds = int(left)
+        sock.settimeout(None)
+        sock.setsockopt(
+            socket.SOL_SOCKET,
+            socket.SO_RCVTIMEO,
+            struct.pack("ll", seconds, max(1, int((left - seconds) * 1e6))),
+        )
+    else:
+        sock.settimeout(left)
+    conn._celery_redislock_read_until = True
+
+
+#: SO_RCVTIMEO takes a struct timeval of two C longs on Linux.
+_KERNEL_TIMEOUT = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTIMEO")
+#: The standard library's socket class (None when monkey-patched already:
+#: gevent's and eventlet's sockets never block in the kernel).  Its exact
+#: type, so that a TLS socket, a subclass, is not taken for one.
+_PLAIN_SOCKET = socket.socket if socket.socket.__module__ == "socket" else None
+
+
+def _own_timeout(conn: Any) -> None:
+    """Undo :func:`read_until`: the connection's own socket timeout, no kernel one."""
+    if not getattr(conn, "_celery_redislock_read_until", False):
+        return
+    conn._celery_redislock_read_until = False
+    sock = getattr(conn, "_sock", None)
+    if sock is not None:
+        sock.settimeout(conn.socket_timeout)
+        if _KERNEL_TIMEOUT and type(sock) is _PLAIN_SOCKET:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
 
 
 def give_back(pool: Any, conn: Any) -> None:

@@ -70,22 +70,27 @@ def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> O
     commands = [pack_command("BLPOP", key, f"{seconds:.3f}", encoding=encoding)]
     if asking:
         commands.insert(0, pack_command("ASKING", encoding=encoding))
+    reading = False
     try:
         # connect() first, as a pool does: a Sentinel connection asks where the
         # master is now (a bare send would reconnect to the host it had).
         _own.connect(conn, read_by)
         conn.send_packed_command(commands)
+        # Blocked in the read itself until the reply comes, or until read_by.
+        _own.read_until(conn, read_by)
+        reading = True
         if asking:
             conn.read_response()
-        if conn.can_read(timeout=max(0.001, read_by - time.monotonic())):
-            reply = conn.read_response(disable_decoding=True)
-        else:
-            conn.disconnect()  # stalled: the reply, if it ever comes, is not read
-            reply = None
+        reply = conn.read_response(disable_decoding=True)
     except redis.exceptions.ResponseError:
         raise  # an error reply leaves the connection in step
-    except BaseException:
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
         conn.disconnect()  # sent but not read: out of step
+        if not reading or time.monotonic() < read_by - _TIMER_SLACK:
+            raise  # broken, not stalled
+        reply = None  # stalled: the reply, if it ever comes, is not read
+    except BaseException:
+        conn.disconnect()
         raise
     finally:
         _own.give_back(pool, conn)  # (a disconnected one reconnects on next use)
@@ -93,3 +98,8 @@ def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> O
         return None
     value: bytes = reply[1]
     return value
+
+
+#: How much earlier than asked a kernel receive timeout may end (it counts
+#: whole timer ticks, the first of them perhaps partly gone), in seconds.
+_TIMER_SLACK = 0.01
