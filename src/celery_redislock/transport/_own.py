@@ -110,14 +110,9 @@ def read_until(conn: Any, by: float) -> None:
     if sock is None:
         return
     left = max(0.001, by - time.monotonic())
-    if _KERNEL_TIMEOUT and type(sock) is _PLAIN_SOCKET:
-        seconds = int(left)
+    if _kernel_timed(sock):
         sock.settimeout(None)
-        sock.setsockopt(
-            socket.SOL_SOCKET,
-            socket.SO_RCVTIMEO,
-            struct.pack("ll", seconds, max(1, int((left - seconds) * 1e6))),
-        )
+        _receive_timeout(sock, max(1, int(left * 1e6)))
     else:
         sock.settimeout(left)
     conn._celery_redislock_read_until = True
@@ -131,6 +126,17 @@ _KERNEL_TIMEOUT = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTI
 _PLAIN_SOCKET = socket.socket if socket.socket.__module__ == "socket" else None
 
 
+def _kernel_timed(sock: Any) -> bool:
+    return _KERNEL_TIMEOUT and type(sock) is _PLAIN_SOCKET
+
+
+def _receive_timeout(sock: Any, us: int) -> None:
+    """SO_RCVTIMEO of ``sock``, in µs (0: none)."""
+    sock.setsockopt(
+        socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", *divmod(us, 1_000_000))
+    )
+
+
 def _own_timeout(conn: Any) -> None:
     """Undo :func:`read_until`: the connection's own socket timeout, no kernel one."""
     if not getattr(conn, "_celery_redislock_read_until", False):
@@ -139,8 +145,8 @@ def _own_timeout(conn: Any) -> None:
     sock = getattr(conn, "_sock", None)
     if sock is not None:
         sock.settimeout(conn.socket_timeout)
-        if _KERNEL_TIMEOUT and type(sock) is _PLAIN_SOCKET:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+        if _kernel_timed(sock):
+            _receive_timeout(sock, 0)
 
 
 def give_back(pool: Any, conn: Any) -> None:

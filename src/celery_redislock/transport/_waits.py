@@ -84,14 +84,12 @@ def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> O
         reply = conn.read_response(disable_decoding=True)
     except redis.exceptions.ResponseError:
         raise  # an error reply leaves the connection in step
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+    except BaseException as exc:
         conn.disconnect()  # sent but not read: out of step
-        if not reading or time.monotonic() < read_by - _TIMER_SLACK:
-            raise  # broken, not stalled
+        stalled = isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
+        if not (stalled and reading and time.monotonic() >= read_by - _TIMER_SLACK):
+            raise  # broken (or interrupted), not stalled
         reply = None  # stalled: the reply, if it ever comes, is not read
-    except BaseException:
-        conn.disconnect()
-        raise
     finally:
         _own.give_back(pool, conn)  # (a disconnected one reconnects on next use)
     if reply is None:
