@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = [
+    "add_hold_ms",
     "command_name",
     "log",
     "p99",
@@ -68,6 +69,19 @@ def split(total: int, parts: int) -> list[int]:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def add_hold_ms(parser: argparse.ArgumentParser) -> None:
+    """``--hold-ms MIN MAX``: how long a handoff's holder holds (default 5-30 ms)."""
+    parser.add_argument(
+        "--hold-ms",
+        type=float,
+        nargs=2,
+        default=[5.0, 30.0],
+        metavar=("MIN", "MAX"),
+        help="the holder releases a uniform random MIN-MAX ms after the waiter "
+        "calls acquire() (default: 5 30)",
+    )
 
 
 def tasks_and_rounds(

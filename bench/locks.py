@@ -41,7 +41,7 @@ from importlib.metadata import version
 from typing import Any, Callable, Optional
 
 import redis
-from common import command_name, log, p99, private_server, split, time_cycles
+from common import add_hold_ms, command_name, log, p99, private_server, split, time_cycles
 from redis.connection import Connection
 
 #: The lease of every lock, in seconds, for every library.
@@ -443,15 +443,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         action="store_true",
         help="also split each handoff into the holder's, the server's and the waiter's part",
     )
-    parser.add_argument(
-        "--hold-ms",
-        type=float,
-        nargs=2,
-        default=[5.0, 30.0],
-        metavar=("MIN", "MAX"),
-        help="the holder releases a uniform random MIN-MAX ms after the waiter "
-        "calls acquire() (default: 5 30)",
-    )
+    add_hold_ms(parser)
     args = parser.parse_args(argv)
     low, high = args.hold_ms
     batches = args.batches
