@@ -37,11 +37,13 @@ def _lock_from(src: str, client: Any, name: str) -> Any:
     """A Lock of the celery_redislock found in ``src`` (in a fresh handoff player)."""
     if sys.path[0] != src:
         sys.path.insert(0, src)
+    from locks import TTL
+
     import celery_redislock
 
     if not str(celery_redislock.__file__).startswith(src):
         raise RuntimeError(f"celery_redislock came from {celery_redislock.__file__}, not {src}")
-    return celery_redislock.Lock(client, name, ttl=10)
+    return celery_redislock.Lock(client, name, ttl=TTL)
 
 
 def source_dir(path: str) -> str:
