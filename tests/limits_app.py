@@ -11,7 +11,7 @@ import os
 import time
 
 from celery import Celery
-from celery.signals import task_received
+from celery.signals import after_task_publish
 
 from celery_redislock import LockedTask
 from tests.celery_app import body, record, recorder
@@ -102,13 +102,13 @@ def write(self, tag: str, duration: float = 0.2, seq: int = 0):
     return body(self, tag, duration, mode="w", seq=seq)
 
 
-@task_received.connect
-def _received(request=None, **_: object) -> None:
-    """When each l.park message reached a worker (its main process, before the
-    pool hands it to a child): test_park.py tells the library's re-publishing
-    apart from the pool's dispatch with it."""
-    if request is not None and request.name == "l.park":
-        recorder().rpush(f"received:{request.id}", time.monotonic())
+@after_task_publish.connect
+def _published(sender=None, headers=None, **_: object) -> None:
+    """When each l.park message was published (by whichever process sent it):
+    test_park.py times the library's re-publishing with it, apart from how
+    soon a worker whose pool processes were killed fetches and runs it."""
+    if sender == "l.park" and headers:
+        recorder().rpush(f"published:{headers['id']}", time.monotonic())
 
 
 @app.task(name="l.park", base=LockedTask, bind=True, lock_key=["job"], on_contention="park")
