@@ -62,15 +62,18 @@ class RedisServer:
         )
         deadline = time.monotonic() + 10
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, **self.ping_options)
-        while True:
-            try:
-                if client.ping():
-                    break
-            except (redis.ConnectionError, redis.ResponseError):
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.02)
-        client.close()
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        break
+                except (redis.ConnectionError, redis.ResponseError):
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        message = f"redis-server did not start on port {self.port}"
+                        raise RuntimeError(message) from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:

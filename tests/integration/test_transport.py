@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -29,6 +30,7 @@ from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore, tran
 from celery_redislock.primitives import _keeper, _scripts
 from celery_redislock.transport import _own
 from celery_redislock.transport._encode import KeyBlock
+from celery_redislock.transport._errors import translated
 from celery_redislock.transport._waits import MARGIN
 from tests.helpers import (
     Attempt,
@@ -278,6 +280,103 @@ def test_a_replica_answering_readonly_is_unavailable(r: redis.Redis, redis_url: 
         assert_unavailable(client, redis.exceptions.ReadOnlyError)
     finally:
         replica.stop()
+
+
+#: How Redis before 7.0 reports the refusal of a write that a script made: one
+#: generic error, the inner error's code only in its text.
+WRAPPED_READONLY = (
+    b"-ERR Error running script (call to f_0123456789abcdef0123456789abcdef01234567): "
+    b"@user_script:33: @user_script: 33: -READONLY You can't write against a read only replica."
+)
+
+
+def test_a_replica_refusing_a_scripts_write_is_unavailable_before_redis_7() -> None:
+    server = ErrorServer(WRAPPED_READONLY)
+    try:
+        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+        assert_unavailable(client, redis.exceptions.ReadOnlyError)
+        # The same on the other two paths: a reply read later, and a batch.
+        script = _scripts.get("lock_release")
+        block = KeyBlock(["transport-errors"], "utf-8")
+        with pytest.raises(redis.exceptions.ReadOnlyError) as later:
+            transport.call_soon(client, script, block, []).get()
+        [batched] = transport.call_batch(client, [(script, block, [])])
+        for error in (later.value, batched):
+            assert isinstance(error, redis.exceptions.ReadOnlyError), repr(error)
+            assert str(error) == "You can't write against a read only replica."
+            assert isinstance(error.__cause__, redis.exceptions.ResponseError)
+        client.close()
+    finally:
+        server.close()
+
+
+def test_script_errors_that_are_not_refusals_are_left_as_they_are() -> None:
+    server = ErrorServer(
+        b"-ERR Error running script (call to f_0123456789abcdef0123456789abcdef01234567): "
+        b"@user_script:3: @user_script: 3: -WRONGTYPE Operation against a key holding "
+        b"the wrong kind of value"
+    )
+    try:
+        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+        lock = Lock(client, "transport-errors", ttl=5.0)
+        with pytest.raises(redis.exceptions.ResponseError) as caught:
+            lock.acquire(blocking=False)
+        assert type(caught.value) is redis.exceptions.ResponseError
+        assert "WRONGTYPE" in str(caught.value)
+        client.close()
+    finally:
+        server.close()
+
+
+def test_a_demoted_sentinel_master_is_left_for_the_next_connect_before_redis_7() -> None:
+    """redis-py's own read does this when Redis 7 reports READONLY plainly: the
+    connection is closed, so that the next connect asks the sentinels again."""
+    server = ErrorServer(WRAPPED_READONLY)
+    try:
+        pool = redis.sentinel.SentinelConnectionPool(
+            "mymaster", redis.sentinel.Sentinel([]), is_master=True
+        )
+        conn = redis.sentinel.SentinelManagedConnection(
+            connection_pool=pool, host="127.0.0.1", port=server.port, protocol=2
+        )
+        conn.connect = lambda: redis.connection.Connection.connect(conn)  # (no sentinel to ask)
+        conn.connect()
+        conn.send_command("EVALSHA", "0" * 40, 0)
+        try:
+            conn.read_response()
+        except redis.exceptions.ResponseError as exc:
+            error = translated(exc, conn)
+        assert isinstance(error, redis.exceptions.ConnectionError), repr(error)
+        assert isinstance(error.__cause__, redis.exceptions.ReadOnlyError)
+        assert conn._sock is None  # disconnected
+    finally:
+        server.close()
+
+
+class FixedSentinel(redis.sentinel.Sentinel):
+    """A Sentinel client whose master is always at one address (no sentinel runs)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__([])
+        self.port = port
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        return "127.0.0.1", self.port
+
+
+def test_a_lock_on_a_demoted_sentinel_master_is_unavailable_before_redis_7() -> None:
+    server = ErrorServer(WRAPPED_READONLY)
+    try:
+        client = FixedSentinel(server.port).master_for("mymaster", protocol=2, **no_retry())
+        lock = Lock(client, "transport-errors", ttl=5.0)
+        with pytest.raises(BackendUnavailable) as caught:
+            lock.acquire(blocking=False)
+        cause = caught.value.__cause__
+        assert isinstance(cause, redis.exceptions.ConnectionError), repr(cause)
+        assert isinstance(cause.__cause__, redis.exceptions.ReadOnlyError)
+        client.close()
+    finally:
+        server.close()
 
 
 def test_an_unreachable_server_is_unavailable() -> None:
@@ -540,3 +639,7 @@ def test_a_wait_ends_at_its_bound_when_no_reply_comes(redis_url: str, r: redis.R
         r.rpush("transport-bound-next", b"x")
         assert transport.wait_pop(client, "transport-bound-next", 1.0) == b"x"  # reconnected
         client.close()
+        # The stalled waits' errors hold the thread's own connections in cycles:
+        # collect them here, not in whichever test runs next.
+        del client, conn
+        collect_earlier_garbage()

@@ -36,7 +36,6 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import (
     AskError,
-    AuthenticationError,
     ClusterDownError,
     ConnectionError,
     MovedError,
@@ -46,9 +45,11 @@ from redis.exceptions import (
     TimeoutError,
     TryAgainError,
 )
+from redis.sentinel import SentinelConnectionPool
 
 from . import _cluster, _own
 from ._encode import KeyBlock, pack_command
+from ._errors import translated, unauthenticated
 
 _record: Any
 try:  # redis-py >= 7: per-command metrics, when the user has turned them on
@@ -299,8 +300,13 @@ class Reply:
                 self.client.script_load(script.script)
                 self._value = call(self.client, script, block, args)  # type: ignore[arg-type]
             except ResponseError as exc:
+                error = translated(exc, conn)
                 _checkin(self._pool, conn)
-                self._error = exc
+                if isinstance(error, ResponseError):
+                    self._error = error
+                else:  # (a demoted master: nothing ran)
+                    self._error = ReplyLost(f"reply lost: {error!r}")
+                    self._error.__cause__ = error
             except BaseException as exc:
                 conn.disconnect()  # the reply may still come: never hand it on
                 _checkin(self._pool, conn)
@@ -406,7 +412,9 @@ def _pipeline(
                     for r in replies
                 ]
         for i, reply in zip(indexes, replies):
-            results[i] = reply
+            results[i] = translated(reply) if isinstance(reply, ResponseError) else reply
+        if any(isinstance(results[i], ReadOnlyError) for i in indexes):
+            _drop_demoted(client)
         missing = [i for i in indexes if isinstance(results[i], NoScriptError)]
         if not missing or attempt:
             return
@@ -415,19 +423,10 @@ def _pipeline(
         indexes = missing
 
 
-def _unauthenticated(exc: ResponseError) -> Optional[AuthenticationError]:
-    """An AuthenticationError when ``exc`` is how Redis refuses a client that has
-    not authenticated (before redis-py 5.1 no handshake comes first, and Redis
-    answers a long unauthenticated command with a protocol error)."""
-    if str(exc).startswith("Protocol error: unauthenticated"):
-        return AuthenticationError(str(exc))
-    return None
-
-
 def _execute(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> Any:
     command = block.evalsha_args(script.sha, args)
     try:
-        return client.execute_command(*command, NEVER_DECODE=True)
+        return _translating(client.execute_command, *command, NEVER_DECODE=True)
     except NoScriptError:
         if isinstance(client, RedisCluster):
             # Load it on the node that owns the keys (SCRIPT LOAD would go to one
@@ -436,7 +435,27 @@ def _execute(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> A
             client.get_redis_connection(node).script_load(script.script)
         else:
             client.script_load(script.script)
-        return client.execute_command(*command, NEVER_DECODE=True)
+        return _translating(client.execute_command, *command, NEVER_DECODE=True)
+
+
+def _translating(send: Callable[..., Any], *args: Any, **options: Any) -> Any:
+    """``send(*args, **options)``, its error reply raised as :func:`translated` has it."""
+    try:
+        return send(*args, **options)
+    except ResponseError as exc:
+        error = translated(exc)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def _drop_demoted(client: Any) -> None:
+    """After a READONLY from what a Sentinel pool took for the master: close the
+    pool's idle connections, so that the next ones ask the sentinels again
+    (redis-py's own read does this for the connection it read from)."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+        pool.disconnect(inuse_connections=False)
 
 
 def _pool_of(client: Any) -> Any:
@@ -487,7 +506,10 @@ def _roundtrip(
             try:
                 replies.append(conn.read_response(disable_decoding=True))
             except ResponseError as exc:
-                replies.append(exc)
+                error = translated(exc, conn)
+                if not isinstance(error, ResponseError):  # (closed: nothing more to read)
+                    raise error from error.__cause__
+                replies.append(error)
         if isinstance(replies[0], ResponseError):
             raise replies[0]
         return replies
@@ -538,7 +560,7 @@ def _roundtrip(
     except ResponseError as exc:  # an error reply: the connection is in step
         if _record is not None:
             _observe(conn, started, exc)
-        refused = _unauthenticated(exc)
+        refused = unauthenticated(exc)
         if refused is None:
             raise
         conn.disconnect()  # (Redis closes it too)

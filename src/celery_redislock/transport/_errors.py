@@ -1,0 +1,114 @@
+"""Error replies to a script call, raised as redis-py raises them from Redis 7.
+
+Redis before 7.0 wraps the error reply of a command a script runs in one
+generic error::
+
+    ERR Error running script (call to f_<sha>): @user_script:33: @user_script: 33:
+    -READONLY You can't write against a read only replica.
+
+which redis-py can only raise as a plain ``ResponseError``.  Redis 7 passes the
+inner error's code through (``READONLY You can't write ... script: ...``), and
+redis-py raises ``ReadOnlyError``.  :func:`translated` gives the same class on
+both, so a replica that refuses a write is "unavailable" on every server
+version, not a bug in a script.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    ClusterDownError,
+    ConnectionError,
+    MasterDownError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.sentinel import SentinelManagedConnection
+
+__all__ = ["translated", "unauthenticated"]
+
+#: The inner error of a command a script ran, as Redis 6 and earlier report it.
+_WRAPPED = re.compile(
+    r"Error running script \(call to f_[0-9a-f]+\): @user_script:\s*\d+:"
+    r"(?: @user_script:\s*\d+:)? -(?P<inner>.*)\Z",
+    re.DOTALL,
+)
+
+
+def _redis_py_classes() -> dict[str, Any]:
+    """redis-py's own map from an error code to its exception class."""
+    try:  # redis-py >= 5: the parsers' base class holds it
+        from redis._parsers.base import BaseParser
+    except ImportError:  # pragma: no cover - a layout this was not tested on
+        return {}
+    classes = getattr(BaseParser, "EXCEPTION_CLASSES", None)
+    return dict(classes) if isinstance(classes, dict) else {}
+
+
+#: Error code -> exception class: redis-py's map where it can be found, over
+#: the codes a script's command can be refused with.
+_CLASSES: dict[str, Any] = {
+    "READONLY": ReadOnlyError,
+    "LOADING": BusyLoadingError,
+    "MASTERDOWN": MasterDownError,
+    "CLUSTERDOWN": ClusterDownError,
+    "TRYAGAIN": TryAgainError,
+    "OOM": OutOfMemoryError,
+    "NOPERM": NoPermissionError,
+    "NOSCRIPT": NoScriptError,
+    **_redis_py_classes(),
+}
+
+
+def translated(exc: ResponseError, conn: Any = None) -> Exception:
+    """``exc``, or the exception redis-py raises for the same refusal from Redis 7.
+
+    ``conn`` is the connection the reply came on, when known: a Sentinel-managed
+    connection to a master that was demoted to a replica is disconnected (so that
+    the next connect asks the sentinels again) and the error becomes the
+    ConnectionError redis-py's own ``read_response`` raises there.
+    """
+    wrapped = _WRAPPED.search(str(exc))
+    if wrapped is None:
+        return exc
+    inner = wrapped.group("inner").strip()
+    code, _, message = inner.partition(" ")
+    kind = _CLASSES.get(code)
+    if isinstance(kind, dict):  # (redis-py maps some codes by their message)
+        kind = kind.get(message)
+    if kind is None or kind is ResponseError:
+        return exc
+    new: Exception = kind(message)
+    new.__cause__ = exc
+    if isinstance(new, ReadOnlyError) and _demoted_master(conn):
+        conn.disconnect()
+        lost = ConnectionError("The previous master is now a slave")
+        lost.__cause__ = new
+        return lost
+    return new
+
+
+def _demoted_master(conn: Any) -> bool:
+    """Whether ``conn`` is a Sentinel-managed connection meant for the master
+    (one answering READONLY is talking to a demoted master)."""
+    if conn is None:
+        return False
+    pool: Optional[Any] = getattr(conn, "connection_pool", None)
+    return isinstance(conn, SentinelManagedConnection) and bool(getattr(pool, "is_master", False))
+
+
+def unauthenticated(exc: ResponseError) -> Optional[AuthenticationError]:
+    """An AuthenticationError when ``exc`` is how Redis refuses a client that has
+    not authenticated (before redis-py 5.1 no handshake comes first, and Redis
+    answers a long unauthenticated command with a protocol error)."""
+    if str(exc).startswith("Protocol error: unauthenticated"):
+        return AuthenticationError(str(exc))
+    return None
