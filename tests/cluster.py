@@ -37,23 +37,7 @@ class LocalCluster:
         #: Master port -> its replicas' ports, once started.
         self.replica_ports: dict[int, list[int]] = {}
         for _ in range(masters * (1 + replicas)):
-            port = free_port()
-            server = RedisServer(port)
-            os.rmdir(server.dir)
-            server.dir = self.dir
-            server.extra = [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                f"{self.dir}/nodes-{port}.conf",
-                # The bus port defaults to port + 10000, which may be taken or
-                # past 65535 for an ephemeral port: pick a free one too.
-                "--cluster-port",
-                str(free_port()),
-                # A replica's first full sync starts at once (Redis 7 waits 5 s).
-                "--repl-diskless-sync-delay",
-                "0",
-            ]
+            server = ClusterNode(self.dir)
             self.servers.append(server)
 
     @property
@@ -175,6 +159,34 @@ class LocalCluster:
         for server in self.servers:
             server.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ClusterNode(RedisServer):
+    """A cluster-enabled RedisServer in ``folder``, on a free port and bus port
+    (picked again, both, when it does not start on them)."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        os.rmdir(self.dir)
+        self.dir = folder
+        self.repick(new_port=False)
+
+    def repick(self, new_port: bool = True) -> None:
+        if new_port:
+            super().repick()
+        self.extra = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            f"{self.dir}/nodes-{self.port}.conf",
+            # The bus port defaults to port + 10000, which may be taken or
+            # past 65535 for an ephemeral port: pick a free one too.
+            "--cluster-port",
+            str(free_port()),
+            # A replica's first full sync starts at once (Redis 7 waits 5 s).
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
 
 
 def _ready(info: object, nodes: int) -> bool:

@@ -115,8 +115,10 @@ class LocalSentinel:
         # Either may become the master: neither waits 5 s (Redis 7's default)
         # for more replicas before starting a full sync.
         sync = ["--repl-diskless-sync-delay", "0"]
-        self.master = RedisServer(extra=sync)
-        self.replica = RedisServer(extra=[*sync, "--replicaof", "127.0.0.1", str(self.master.port)])
+        # (Ports given, so that neither moves to another: each is named below.)
+        self.master = RedisServer(free_port(), extra=sync)
+        replica_of = ["--replicaof", "127.0.0.1", str(self.master.port)]
+        self.replica = RedisServer(free_port(), extra=[*sync, *replica_of])
         #: Both data servers, by port (which one is master changes with failovers).
         self.servers = {s.port: s for s in (self.master, self.replica)}
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
