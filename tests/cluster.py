@@ -169,11 +169,13 @@ class ClusterNode(RedisServer):
         super().__init__()
         os.rmdir(self.dir)
         self.dir = folder
-        self.repick(new_port=False)
+        self._cluster_options()
 
-    def repick(self, new_port: bool = True) -> None:
-        if new_port:
-            super().repick()
+    def repick(self) -> None:
+        super().repick()
+        self._cluster_options()
+
+    def _cluster_options(self) -> None:
         self.extra = [
             "--cluster-enabled",
             "yes",

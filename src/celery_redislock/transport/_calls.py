@@ -45,11 +45,10 @@ from redis.exceptions import (
     TimeoutError,
     TryAgainError,
 )
-from redis.sentinel import SentinelConnectionPool
 
 from . import _cluster, _own
 from ._encode import KeyBlock, pack_command
-from ._errors import translated, unauthenticated
+from ._errors import drop_demoted, translated, unauthenticated
 
 _record: Any
 try:  # redis-py >= 7: per-command metrics, when the user has turned them on
@@ -414,7 +413,7 @@ def _pipeline(
         for i, reply in zip(indexes, replies):
             results[i] = translated(reply) if isinstance(reply, ResponseError) else reply
         if any(isinstance(results[i], ReadOnlyError) for i in indexes):
-            _drop_demoted(client)
+            drop_demoted(client)
         missing = [i for i in indexes if isinstance(results[i], NoScriptError)]
         if not missing or attempt:
             return
@@ -447,15 +446,6 @@ def _translating(send: Callable[..., Any], *args: Any, **options: Any) -> Any:
         if error is exc:
             raise
         raise error from exc
-
-
-def _drop_demoted(client: Any) -> None:
-    """After a READONLY from what a Sentinel pool took for the master: close the
-    pool's idle connections, so that the next ones ask the sentinels again
-    (redis-py's own read does this for the connection it read from)."""
-    pool = getattr(client, "connection_pool", None)
-    if isinstance(pool, SentinelConnectionPool) and pool.is_master:
-        pool.disconnect(inuse_connections=False)
 
 
 def _pool_of(client: Any) -> Any:

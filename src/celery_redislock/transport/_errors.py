@@ -31,9 +31,9 @@ from redis.exceptions import (
     ResponseError,
     TryAgainError,
 )
-from redis.sentinel import SentinelManagedConnection
+from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-__all__ = ["translated", "unauthenticated"]
+__all__ = ["drop_demoted", "translated", "unauthenticated"]
 
 #: The inner error of a command a script ran, as Redis 6 and earlier report it.
 _WRAPPED = re.compile(
@@ -99,10 +99,18 @@ def translated(exc: ResponseError, conn: Any = None) -> Exception:
 def _demoted_master(conn: Any) -> bool:
     """Whether ``conn`` is a Sentinel-managed connection meant for the master
     (one answering READONLY is talking to a demoted master)."""
-    if conn is None:
-        return False
-    pool: Optional[Any] = getattr(conn, "connection_pool", None)
+    # (A connection's pool is the pool's proxy, which also says is_master.)
+    pool = getattr(conn, "connection_pool", None)
     return isinstance(conn, SentinelManagedConnection) and bool(getattr(pool, "is_master", False))
+
+
+def drop_demoted(client: Any) -> None:
+    """After a READONLY from what a Sentinel pool took for the master, read on a
+    connection already given back (a pipeline's): close the pool's idle
+    connections, so that the next ones ask the sentinels again."""
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+        pool.disconnect(inuse_connections=False)
 
 
 def unauthenticated(exc: ResponseError) -> Optional[AuthenticationError]:
