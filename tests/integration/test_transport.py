@@ -143,6 +143,20 @@ CONFIGURATIONS = {
 }
 
 
+def hand_over(holder: Any, waiter: Any, observer: redis.Redis) -> None:
+    """``holder`` acquires, then releases to ``waiter`` blocked in acquire()."""
+    assert holder.acquire()
+    fence = holder.fence
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=5)))
+    thread.start()
+    wait_until(lambda: blocked_clients(observer) == 1, 3, what="the waiter to block")
+    holder.release()
+    thread.join(5)
+    assert got == [True] and waiter.owned() and not holder.owned()
+    assert waiter.fence > fence
+
+
 @pytest.mark.parametrize("options", CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
 def test_handoff_works_with_any_client_configuration(
     request: pytest.FixtureRequest, redis_url: str, options: dict[str, Any]
@@ -168,22 +182,44 @@ def test_handoff_works_with_any_client_configuration(
     name = f"transport-any-{request.node.callspec.id}"
     holder = Semaphore(holder_client, name, 1, ttl=5.0)
     waiter = Semaphore(waiter_client, name, 1, ttl=5.0)
-    assert holder.acquire()
-    fence = holder.fence
-    got: list[bool] = []
-    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=5)))
-    thread.start()
-    wait_until(lambda: blocked_clients(observer) == 1, 3, what="the waiter to block")
-    holder.release()
-    thread.join(5)
-    assert got == [True]
-    assert waiter.fence > fence  # type: ignore[operator]
-    assert waiter.owned()
+    hand_over(holder, waiter, observer)
     waiter.release()
     assert observer.zcard(waiter.key) == 0
     lock = Lock(waiter_client, name, ttl=5.0)
     with lock:
         assert lock.owned() and lock.locked()
+
+
+def test_a_client_side_caching_client_keeps_its_cache_and_hands_over(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str, r: redis.Redis
+) -> None:
+    cache = pytest.importorskip("redis.cache", reason="client-side caching: redis-py >= 5.1")
+    if r.info("server").get("server_name", "redis") != "redis":
+        pytest.skip("redis-py caches only with Redis itself")
+    # redis-py turns caching on from Redis 7.4 (a support policy); the tracking
+    # and invalidation it relies on are RESP3's, there since 6.0.
+    monkeypatch.setattr(redis.connection.CacheProxyConnection, "MIN_ALLOWED_VERSION", "6.0.0")
+    holder_client, waiter_client = (
+        redis.Redis.from_url(redis_url, protocol=3, cache_config=cache.CacheConfig())
+        for _ in range(2)
+    )
+    r.set("cached", "1")
+    assert holder_client.get("cached") == b"1"
+    cached = holder_client.get_cache()
+    assert cached is not None and cached.size == 1
+
+    holder = Lock(holder_client, "transport-cached", ttl=5.0)
+    waiter = Lock(waiter_client, "transport-cached", ttl=5.0)
+    hand_over(holder, waiter, r)
+    waiter.release()
+    assert not r.exists(waiter.key)
+
+    # The cache still answers, and is still invalidated by a write elsewhere.
+    assert holder_client.get("cached") == b"1" and cached.size == 1
+    r.set("cached", "2")
+    wait_until(lambda: holder_client.get("cached") == b"2", 3, what="the invalidation")
+    holder_client.close()
+    waiter_client.close()
 
 
 # -- error replies -------------------------------------------------------------------------
