@@ -1169,6 +1169,36 @@ def test_a_late_confirmation_is_fenced_above_every_fence_handed_out_before_it(
         other.close()
 
 
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "write side"])
+def test_fences_rise_past_a_last_fence_ahead_of_the_servers_clock(
+    r: redis.Redis, kind: str
+) -> None:
+    """A fence is the server's clock in µs, or one more than the name's last
+    fence when that is higher: a master whose clock is behind the one before
+    a failover still hands out rising fences.  Both grants are covered, the
+    uncontended acquire's and a release's hand-over to a blocked waiter, and
+    the fence key keeps its retention."""
+    name = f"fence-ahead-{kind}"
+    first = _primitive(kind, r, name)
+    seconds, micros = r.time()
+    ahead = (int(seconds) + 3600) * 1_000_000 + int(micros)  # an hour ahead
+    r.set(first.keys.fence, ahead)
+    assert first.acquire(blocking=False)
+    assert first.fence == ahead + 1
+    waiter = _primitive(kind, r, name)
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=5)))
+    thread.start()
+    wait_until(lambda: blocked_clients(r) >= 1, 5, what="the waiter to block")
+    first.release()
+    thread.join(5)
+    assert got == [True]
+    assert waiter.fence == ahead + 2
+    assert r.get(waiter.keys.fence) == str(ahead + 2).encode()
+    assert 0 < r.pttl(waiter.keys.fence) <= waiter._keep_ms  # (the retention, in ms)
+    waiter.release()
+
+
 def test_fences_keep_rising_across_a_restart_without_persistence() -> None:
     server = RedisServer().start()
     try:

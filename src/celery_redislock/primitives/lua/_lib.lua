@@ -31,9 +31,12 @@ end
 local function next_fence(Q)
   local t = redis.call('TIME')
   local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = tonumber(redis.call('GET', Q.fence) or '0')
-  if last and last >= f then f = last + 1 end
-  redis.call('SET', Q.fence, string.format('%.0f', f), 'PX', Q.keep)
+  local last = tonumber(redis.call('SET', Q.fence, string.format('%.0f', f), 'PX', Q.keep, 'GET')
+                        or '0')
+  if last and last >= f then
+    f = last + 1
+    redis.call('SET', Q.fence, string.format('%.0f', f), 'PX', Q.keep)
+  end
   return f
 end
 

@@ -25,13 +25,15 @@
 -- The common case first, before the helpers are defined: free, nobody in line
 -- (or in flight), and not the re-published run of a parked task.
 if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[3], KEYS[6]) == 0
-    and not redis.call('GET', KEYS[1]) then
+    and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local t = redis.call('TIME')
   local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if last and last >= f then f = last + 1 end
-  redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[6])
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[6], 'GET')
+                        or '0')
+  if last and last >= f then
+    f = last + 1
+    redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[6])
+  end
   return f
 end
 

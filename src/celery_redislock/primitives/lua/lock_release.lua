@@ -34,13 +34,15 @@ if ARGV[4] ~= '1' and redis.call('GET', KEYS[1]) == ARGV[1] then
       if kind == 'w' and tonumber(deadline) >= now then
         redis.call('HDEL', KEYS[4], head)
         local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-        if last and last >= f then f = last + 1 end
-        f = string.format('%.0f', f)
-        redis.call('SET', KEYS[2], f, 'PX', ARGV[3])
+        local fs = string.format('%.0f', f)
+        local last = tonumber(redis.call('SET', KEYS[2], fs, 'PX', ARGV[3], 'GET') or '0')
+        if last and last >= f then
+          fs = string.format('%.0f', last + 1)
+          redis.call('SET', KEYS[2], fs, 'PX', ARGV[3])
+        end
         redis.call('SET', KEYS[1], head, 'PX', ttl)
         local wake = ARGV[2] .. head
-        redis.call('RPUSH', wake, f .. ':' .. string.format('%.0f', now))  -- fence:grant time
+        redis.call('RPUSH', wake, fs .. ':' .. string.format('%.0f', now))  -- fence:grant time
         redis.call('PEXPIRE', wake, ttl)
         return 1
       end
