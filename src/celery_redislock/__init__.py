@@ -12,6 +12,7 @@ from typing import Any
 
 from .exceptions import (
     BackendUnavailable,
+    BackendUnsupported,
     ConfigurationError,
     LockContended,
     LockError,
@@ -30,6 +31,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "BackendUnavailable",
+    "BackendUnsupported",
     "ConfigurationError",
     "ConfiguredLocks",
     "Hold",

@@ -5,6 +5,7 @@
     RedisLockError                   base of everything raised here
     ├── ConfigurationError           bad setting or option (also a ValueError)
     ├── BackendUnavailable           Redis could not be reached (chains the redis-py error)
+    ├── BackendUnsupported           the Redis server is older than the scripts need (6.2)
     └── LockError                    something about one lock
         ├── LockContended            held by someone else (key, holder, ttl_ms)
         │   ├── LockTimeout          gave up waiting for it
@@ -23,6 +24,7 @@ from typing import Optional
 
 __all__ = [
     "BackendUnavailable",
+    "BackendUnsupported",
     "ConfigurationError",
     "LockContended",
     "LockError",
@@ -44,6 +46,11 @@ class ConfigurationError(RedisLockError, ValueError):
 
 class BackendUnavailable(RedisLockError):
     """Redis could not be reached; ``__cause__`` holds the redis-py error."""
+
+
+class BackendUnsupported(RedisLockError):
+    """The Redis server refused a command the scripts run: they need Redis 6.2
+    or later.  ``__cause__`` holds the server's error."""
 
 
 class LockError(RedisLockError):

@@ -26,7 +26,15 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore, transport
+from celery_redislock import (
+    BackendUnavailable,
+    BackendUnsupported,
+    Lock,
+    LockLost,
+    ReadWriteLock,
+    Semaphore,
+    transport,
+)
 from celery_redislock.primitives import _keeper, _scripts
 from celery_redislock.transport import _own
 from celery_redislock.transport._encode import KeyBlock
@@ -253,6 +261,18 @@ class ErrorServer:
         self.listener.close()
 
 
+@contextlib.contextmanager
+def answered_by(error: bytes) -> Iterator[redis.Redis]:
+    """A RESP2 client, without retries, of an :class:`ErrorServer` answering ``error``."""
+    server = ErrorServer(error)
+    client = redis.Redis(port=server.port, protocol=2, **no_retry())
+    try:
+        yield client
+    finally:
+        client.close()
+        server.close()
+
+
 def assert_unavailable(client: redis.Redis, cause: type[BaseException]) -> None:
     lock = Lock(client, "transport-errors", ttl=5.0)
     with pytest.raises(BackendUnavailable) as caught:
@@ -262,21 +282,13 @@ def assert_unavailable(client: redis.Redis, cause: type[BaseException]) -> None:
 
 
 def test_a_server_still_loading_is_unavailable() -> None:
-    server = ErrorServer(b"-LOADING Redis is loading the dataset in memory")
-    try:
-        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+    with answered_by(b"-LOADING Redis is loading the dataset in memory") as client:
         assert_unavailable(client, redis.exceptions.BusyLoadingError)
-    finally:
-        server.close()
 
 
 def test_max_clients_is_unavailable() -> None:
-    server = ErrorServer(b"-ERR max number of clients reached")
-    try:
-        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+    with answered_by(b"-ERR max number of clients reached") as client:
         assert_unavailable(client, redis.exceptions.ConnectionError)
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")
@@ -327,9 +339,7 @@ WRAPPED_READONLY = (
 
 
 def test_a_replica_refusing_a_scripts_write_is_unavailable_before_redis_7() -> None:
-    server = ErrorServer(WRAPPED_READONLY)
-    try:
-        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+    with answered_by(WRAPPED_READONLY) as client:
         assert_unavailable(client, redis.exceptions.ReadOnlyError)
         # The same on the other two paths: a reply read later, and a batch.
         script = _scripts.get("lock_release")
@@ -341,27 +351,51 @@ def test_a_replica_refusing_a_scripts_write_is_unavailable_before_redis_7() -> N
             assert isinstance(error, redis.exceptions.ReadOnlyError), repr(error)
             assert str(error) == "You can't write against a read only replica."
             assert isinstance(error.__cause__, redis.exceptions.ResponseError)
-        client.close()
-    finally:
-        server.close()
 
 
 def test_script_errors_that_are_not_refusals_are_left_as_they_are() -> None:
-    server = ErrorServer(
+    with answered_by(
         b"-ERR Error running script (call to f_0123456789abcdef0123456789abcdef01234567): "
         b"@user_script:3: @user_script: 3: -WRONGTYPE Operation against a key holding "
         b"the wrong kind of value"
-    )
-    try:
-        client = redis.Redis(port=server.port, protocol=2, **no_retry())
+    ) as client:
         lock = Lock(client, "transport-errors", ttl=5.0)
         with pytest.raises(redis.exceptions.ResponseError) as caught:
             lock.acquire(blocking=False)
         assert type(caught.value) is redis.exceptions.ResponseError
         assert "WRONGTYPE" in str(caught.value)
-        client.close()
-    finally:
-        server.close()
+
+
+#: How a server before Redis 6.2 (this one is 5.0.6, word for word) refuses
+#: the scripts' SET ... GET.
+OLD_SERVER_SYNTAX_ERROR = (
+    b"-ERR Error running script (call to f_16c72f2b7340fdd0a40c64804599abe2c82a87a9): "
+    b"@user_script:31: ERR syntax error "
+)
+
+
+def test_a_server_before_redis_6_2_is_unsupported_with_a_clear_error() -> None:
+    with answered_by(OLD_SERVER_SYNTAX_ERROR) as client:
+        for prim in (
+            Lock(client, "old-server", ttl=5.0),
+            Semaphore(client, "old-server", 2, ttl=5.0),
+            ReadWriteLock(client, "old-server", ttl=5.0).write(),
+        ):
+            with pytest.raises(BackendUnsupported) as caught:
+                prim.acquire(blocking=False)
+            message = str(caught.value)
+            assert "needs Redis 6.2 or later" in message and prim.key in message, message
+            assert type(caught.value.__cause__) is redis.exceptions.ResponseError
+    # Other script errors, and Redis 7's wording of a syntax error (every
+    # server since 6.2 parses the scripts), are not taken for an old server.
+    for text in (
+        "Error running script (call to f_0123): @user_script:3: @user_script: 3: -WRONGTYPE x",
+        "syntax error script: beba64a791c781a176118458d5d82fb675f4cc15, on @user_script:1.",
+    ):
+        assert not transport.refused_as_too_old(redis.exceptions.ResponseError(text))
+    assert transport.refused_as_too_old(
+        redis.exceptions.ResponseError(OLD_SERVER_SYNTAX_ERROR[5:].decode())
+    )
 
 
 def test_a_demoted_sentinel_master_is_left_for_the_next_connect_before_redis_7() -> None:

@@ -25,9 +25,12 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Optional
 
+from redis.exceptions import ResponseError
+
 from .. import _validate, transport
 from ..exceptions import (
     BackendUnavailable,
+    BackendUnsupported,
     ConfigurationError,
     LockError,
     LockLost,
@@ -68,6 +71,15 @@ def decode(value: Any) -> str:
 
 def unreachable(op: str, key: str, exc: BaseException) -> BackendUnavailable:
     error = BackendUnavailable(f"Redis unreachable during {op} of {key!r}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def too_old(op: str, key: str, exc: BaseException) -> BackendUnsupported:
+    error = BackendUnsupported(
+        f"Redis refused the {op} script of {key!r} as a syntax error, as a server before "
+        f"Redis 6.2 refuses its SET ... GET: celery_redislock needs Redis 6.2 or later ({exc})"
+    )
     error.__cause__ = exc
     return error
 
@@ -239,6 +251,10 @@ class Primitive:
             )
         except transport.UNREACHABLE as exc:
             raise unreachable(op, self.key, exc) from exc
+        except ResponseError as exc:
+            if transport.refused_as_too_old(exc):
+                raise too_old(op, self.key, exc) from exc
+            raise
 
     def _redis(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
         """A plain redis-py command, with "cannot reach Redis" as BackendUnavailable."""

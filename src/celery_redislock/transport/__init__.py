@@ -30,6 +30,7 @@ from ._calls import (
     encoding_of,
 )
 from ._encode import KeyBlock
+from ._errors import refused_as_too_old
 from ._own import connect_timeout
 from ._waits import wait_pop
 
@@ -45,5 +46,6 @@ __all__ = [
     "call_soon",
     "connect_timeout",
     "encoding_of",
+    "refused_as_too_old",
     "wait_pop",
 ]

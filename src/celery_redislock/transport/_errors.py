@@ -33,7 +33,7 @@ from redis.exceptions import (
 )
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-__all__ = ["drop_demoted", "translated", "unauthenticated"]
+__all__ = ["drop_demoted", "refused_as_too_old", "translated", "unauthenticated"]
 
 #: The inner error of a command a script ran, as Redis 6 and earlier report it.
 _WRAPPED = re.compile(
@@ -111,6 +111,19 @@ def drop_demoted(client: Any) -> None:
     pool = getattr(client, "connection_pool", None)
     if isinstance(pool, SentinelConnectionPool) and pool.is_master:
         pool.disconnect(inuse_connections=False)
+
+
+#: A command a script ran that Redis before 7.0 could not parse, as it words it.
+_SCRIPT_SYNTAX = re.compile(
+    r"Error running script \(call to f_[0-9a-f]+\): @user_script:\s*\d+: ERR syntax error\s*\Z"
+)
+
+
+def refused_as_too_old(exc: Exception) -> bool:
+    """Whether ``exc`` is how a server before Redis 6.2 refuses the scripts'
+    ``SET ... GET``: a syntax error of a command inside a script, in the words
+    of Redis before 7.0 (every server since 6.2 parses the scripts' commands)."""
+    return type(exc) is ResponseError and _SCRIPT_SYNTAX.search(str(exc)) is not None
 
 
 def unauthenticated(exc: ResponseError) -> Optional[AuthenticationError]:
