@@ -202,11 +202,13 @@ def test_a_client_side_caching_client_keeps_its_cache_and_hands_over(
     monkeypatch: pytest.MonkeyPatch, redis_url: str, r: redis.Redis
 ) -> None:
     cache = pytest.importorskip("redis.cache", reason="client-side caching: redis-py >= 5.1")
-    if r.info("server").get("server_name", "redis") != "redis":
+    server = r.info("server")
+    if server.get("server_name", "redis") != "redis":
         pytest.skip("redis-py caches only with Redis itself")
-    # redis-py turns caching on from Redis 7.4 (a support policy); the tracking
-    # and invalidation it relies on are RESP3's, there since 6.0.
-    monkeypatch.setattr(redis.connection.CacheProxyConnection, "MIN_ALLOWED_VERSION", "6.0.0")
+    if tuple(int(n) for n in server["redis_version"].split(".")[:2]) < (7, 4):
+        # redis-py turns caching on from Redis 7.4 (a support policy); the
+        # tracking and invalidation it relies on are RESP3's, there since 6.0.
+        monkeypatch.setattr(redis.connection.CacheProxyConnection, "MIN_ALLOWED_VERSION", "6.0.0")
     holder_client, waiter_client = (
         redis.Redis.from_url(redis_url, protocol=3, cache_config=cache.CacheConfig())
         for _ in range(2)
