@@ -1199,6 +1199,21 @@ def test_fences_rise_past_a_last_fence_ahead_of_the_servers_clock(
     waiter.release()
 
 
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "write side"])
+def test_a_grant_whose_fence_cannot_be_written_takes_nothing(r: redis.Redis, kind: str) -> None:
+    """The fence is written before the grant: a script that fails there
+    (here a fence key of the wrong type; a server before Redis 6.2 fails the
+    same call, SET ... GET) leaves no holder behind for its lease."""
+    prim = _primitive(kind, r, f"fence-unwritable-{kind}")
+    r.rpush(prim.keys.fence, "not a fence")
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        prim.acquire(blocking=False)
+    assert r.exists(prim.key) == 0
+    r.delete(prim.keys.fence)
+    assert prim.acquire(blocking=False)
+    prim.release()
+
+
 def test_fences_keep_rising_across_a_restart_without_persistence() -> None:
     server = RedisServer().start()
     try:

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -562,6 +564,62 @@ def test_waiters_never_take_a_bounded_pools_connection(redis_url: str, r: redis.
     assert not any(w.lost for w in waiters)
 
 
+class _Finalized:
+    """Notes how its socket stood when the garbage collector finalized it."""
+
+    def __init__(self, seen: list[int]) -> None:
+        self.seen = seen
+        self.sock: Any = None
+
+    def __del__(self) -> None:
+        self.seen.append(self.sock.fileno())
+
+
+def test_a_dropped_client_closes_its_waits_connections_before_anything_is_finalized(
+    redis_url: str, r: redis.Redis
+) -> None:
+    """A wait's connection is kept for the next wait, outside the client's
+    pool.  redis-py's connections sit in reference cycles with their pool, and
+    the collector finalizes what it collects in no set order: a socket
+    finalized before its connection would close with an "unclosed socket"
+    ResourceWarning.  When the pool is collected, the kept sockets are closed
+    first, before any finalizer of the pool's runs (here an object hung on
+    the pool, made before the connections, so finalized ahead of them)."""
+    collect_earlier_garbage()
+    seen: list[int] = []
+    client = redis.Redis.from_url(redis_url)
+    probe = _Finalized(seen)
+    client.connection_pool._test_probe = probe  # type: ignore[attr-defined]
+    holder = Lock(client, "transport-dropped-client", ttl=5.0)
+    assert holder.acquire()
+    waiter = Lock(client, "transport-dropped-client", ttl=5.0)
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda w=waiter: got.append(w.acquire(timeout=5)))
+    thread.start()
+    wait_until(lambda: blocked_clients(r) == 1, 3, what="the waiter to block")
+    holder.release()
+    thread.join(5)
+    assert got == [True]
+    waiter.release()
+    (kept,) = getattr(client.connection_pool, _own._IDLE).conns
+    probe.sock = kept._sock
+    named = f"transport-dropped-{id(kept)}"
+    kept.send_command("CLIENT", "SETNAME", named)
+    assert kept.read_response() == b"OK"
+    client.close()
+    del client, holder, waiter, thread, probe, kept
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert seen == [-1]  # closed before the probe's finalizer ran
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    wait_until(
+        lambda: all(c["name"] != named for c in r.client_list()),
+        3,
+        what="the server to see the kept connection close",
+    )
+
+
 @pytest.mark.parametrize("connections", [1, 2])
 def test_eight_threads_on_a_semaphore_of_2_through_a_bounded_pool_lose_no_lease(
     redis_url: str, r: redis.Redis, connections: int, lost_events: list[Any]
@@ -632,6 +690,26 @@ def test_a_lock_dropped_without_release_stops_being_renewed(redis_url: str, r: r
     renewals = [send for send in trips.names() if send == ["EVALSHA"]]
     assert len(renewals) <= 1  # at most one already on its way
     assert _keeper.keeper().tokens() == []
+
+
+def test_the_keeper_lets_go_of_a_client_whose_leases_are_released(redis_url: str) -> None:
+    """Renewal keeps a client (a thread renews each client's leases) only while
+    it has leases: released, then dropped, the client and its connections go."""
+    collect_earlier_garbage()
+    client = redis.Redis.from_url(redis_url)
+    gone = weakref.ref(client)
+    lock = Lock(client, "transport-let-go", ttl=0.3)  # renewed every 0.1 s
+    assert lock.acquire()
+    start = _keeper.keeper().round_trips
+    wait_until(lambda: _keeper.keeper().round_trips >= start + 3, 3, what="renewals")
+    lock.release()
+    del lock, client
+
+    def collected() -> bool:
+        gc.collect()
+        return gone() is None
+
+    wait_until(collected, 3, what="the released client to be collected")
 
 
 @pytest.mark.parametrize("over", ["tcp", "tls"])

@@ -121,6 +121,7 @@ class _ClientRenewer:
             except Exception:  # never let the thread die
                 logger.exception("lease renewal failed unexpectedly")
             finally:
+                batch = None  # (not kept while this thread waits for the next)
                 self.busy = False
                 self.keeper._wake()
 
@@ -211,56 +212,77 @@ class Keeper:
 
     def _loop(self) -> None:
         while True:
-            with self._cond:
+            self._tick()
+
+    def _tick(self) -> None:
+        """One round: sleep while nothing is held, then renew what is due and
+        mark lost what ran out.  Nothing of a round (its entries, and their
+        clients through them) is kept while the keeper sleeps, and renewers
+        stop once their client holds no lease: a client whose leases are all
+        released, then dropped, can go."""
+        with self._cond:
+            self._take_pending()
+            while not self._held:
+                self._stop_renewers(keep=())
+                # Idle: sleep one renewal interval at a time rather than
+                # until notified, so that a short hold taken and released
+                # within it costs no thread wake-up at all (see add()).
+                idle = self._idle_wait
+                self._sleeping_until = time.monotonic() + idle
+                if not self._pending:
+                    self._cond.wait(idle)
                 self._take_pending()
-                while not self._held:
-                    # Idle: sleep one renewal interval at a time rather than
-                    # until notified, so that a short hold taken and released
-                    # within it costs no thread wake-up at all (see add()).
-                    idle = self._idle_wait
-                    self._sleeping_until = time.monotonic() + idle
-                    if not self._pending:
-                        self._cond.wait(idle)
-                    self._take_pending()
+            self._sleeping_until = 0.0
+            expired, until = self._schedule(time.monotonic())
+            if until is not None:
+                self._sleeping_until = until
+                if not self._pending:
+                    self._cond.wait(max(0.0, until - time.monotonic()))
                 self._sleeping_until = 0.0
-                now = time.monotonic()
-                for token in [t for t, e in self._held.items() if e.ref() is None]:
-                    del self._held[token]  # dropped without release: let it run out
-                expired = [e for e in self._held.values() if now - e.last_ok >= e.ttl]
-                for e in expired:
-                    del self._held[e.token]
-                groups: dict[int, list[_Entry]] = {}
-                for e in self._held.values():
-                    groups.setdefault(id(e.client), []).append(e)
-                due = []
-                wake_at = [e.last_ok + e.ttl for e in self._held.values()]
-                for key, entries in groups.items():
-                    renewer = self._renewers.get(key)
-                    if renewer is not None and renewer.busy:
-                        continue  # its last round trip has not come back yet
-                    next_due = min(e.next_due for e in entries)
-                    if next_due > now:
-                        wake_at.append(next_due)
-                        continue
-                    if renewer is None:
-                        renewer = self._renewers[key] = _ClientRenewer(self, entries[0].client)
-                    due.append((renewer, entries))
-                for renewer, entries in due:
-                    renewer.submit(entries)
-                for key in [k for k, r in self._renewers.items() if k not in groups and not r.busy]:
-                    self._renewers.pop(key).stop()  # no leases left on that client
-                if not expired and not due:
-                    until = min(wake_at, default=now + 1.0)
-                    self._sleeping_until = until
-                    if not self._pending:
-                        self._cond.wait(max(0.0, until - now))
-                    self._sleeping_until = 0.0
-            for e in expired:
-                self._lost(
-                    e,
-                    f"no renewal succeeded within the lease ({e.ttl:g} s): this "
-                    "process stalled, or Redis was unreachable",
-                )
+        for e in expired:
+            self._lost(
+                e,
+                f"no renewal succeeded within the lease ({e.ttl:g} s): this "
+                "process stalled, or Redis was unreachable",
+            )
+
+    def _schedule(self, now: float) -> tuple[list[_Entry], Optional[float]]:
+        """Send the renewals that are due, each client's to its renewer (under
+        ``_cond``).  Returns the entries whose lease ran out (taken out of
+        ``_held``), and when to look again: None when that is now."""
+        for token in [t for t, e in self._held.items() if e.ref() is None]:
+            del self._held[token]  # dropped without release: let it run out
+        expired = [e for e in self._held.values() if now - e.last_ok >= e.ttl]
+        for e in expired:
+            del self._held[e.token]
+        groups: dict[int, list[_Entry]] = {}
+        for e in self._held.values():
+            groups.setdefault(id(e.client), []).append(e)
+        due = []
+        wake_at = [e.last_ok + e.ttl for e in self._held.values()]
+        for key, entries in groups.items():
+            renewer = self._renewers.get(key)
+            if renewer is not None and renewer.busy:
+                continue  # its last round trip has not come back yet
+            next_due = min(e.next_due for e in entries)
+            if next_due > now:
+                wake_at.append(next_due)
+                continue
+            if renewer is None:
+                renewer = self._renewers[key] = _ClientRenewer(self, entries[0].client)
+            due.append((renewer, entries))
+        for renewer, entries in due:
+            renewer.submit(entries)
+        self._stop_renewers(keep=groups)
+        if expired or due:
+            return expired, None
+        return expired, min(wake_at, default=now + 1.0)
+
+    def _stop_renewers(self, keep: Any) -> None:
+        """Stop the idle renewers of clients not in ``keep`` (no leases left on
+        them; under ``_cond``)."""
+        for key in [k for k, r in self._renewers.items() if k not in keep and not r.busy]:
+            self._renewers.pop(key).stop()
 
     def _renew_on(self, client: Any, entries: list[_Entry]) -> None:
         started = time.monotonic()

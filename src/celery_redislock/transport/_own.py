@@ -16,22 +16,27 @@ asks the sentinels where the master is), with two changes:
   none, so that connecting (TCP, then the handshake) is bounded.
 
 They are kept, idle, for the next use, one per wait or call in progress, and
-closed when the client's pool goes away.  A wait reads its reply from a
-blocking socket (:func:`read_until`); :func:`take` gives the next user the
-connection's own socket timeout back.  Callers ``connect()`` one before
-each use, as a pool does on checkout: since redis-py 6 a send on a closed
-connection reconnects to the host it last had, skipping a Sentinel
-connection's discovery of the current master.
+closed when the client's pool goes away: their sockets first, before the
+garbage collector finalizes anything of the pool's (redis-py's connections
+sit in reference cycles with their pool, and a socket finalized before its
+connection would be closed with an "unclosed socket" ResourceWarning).  A
+wait reads its reply from a blocking socket (:func:`read_until`);
+:func:`take` gives the next user the connection's own socket timeout back.
+Callers ``connect()`` one before each use, as a pool does on checkout:
+since redis-py 6 a send on a closed connection reconnects to the host it
+last had, skipping a Sentinel connection's discovery of the current master.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from redis.backoff import NoBackoff
@@ -57,11 +62,49 @@ def connect_timeout(client: Any) -> float:
     return float(kwargs.get("socket_connect_timeout") or CONNECT_TIMEOUT)
 
 
+class _Idle:
+    """The idle own connections of one pool in one process, and their sockets
+    (closed by a finalizer of the pool, which holds the sockets, not the pool)."""
+
+    __slots__ = ("conns", "pid", "socks")
+
+    def __init__(self, pool: Any) -> None:
+        self.pid = os.getpid()
+        self.conns: list[Any] = []
+        self.socks: list[Any] = []
+        with contextlib.suppress(TypeError):  # (a pool that takes no weak reference)
+            weakref.finalize(pool, _close, self.socks).atexit = False
+
+    def pop(self) -> Any:
+        conn = self.conns.pop()
+        sock = getattr(conn, "_sock", None)
+        self.socks[:] = [s for s in self.socks if s is not sock and s.fileno() != -1]
+        return conn
+
+    def push(self, conn: Any) -> None:
+        self.conns.append(conn)
+        sock = getattr(conn, "_sock", None)
+        if sock is not None:
+            self.socks.append(sock)
+
+
+def _close(socks: list[Any]) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+def _idle(pool: Any) -> Optional[_Idle]:
+    """``pool``'s idle own connections in this process (not a parent's sockets)."""
+    idle = getattr(pool, _IDLE, None)
+    return idle if idle is not None and idle.pid == os.getpid() else None
+
+
 def take(pool: Any) -> Any:
     """An idle own connection of ``pool``, or a new one (not connected yet)."""
     with _idle_lock:
-        pid, idle = getattr(pool, _IDLE, (None, None))
-        conn = idle.pop() if idle and pid == os.getpid() else None  # (not a parent's sockets)
+        idle = _idle(pool)
+        conn = idle.pop() if idle is not None and idle.conns else None
     if conn is not None:
         _own_timeout(conn)
         return conn
@@ -152,11 +195,11 @@ def _own_timeout(conn: Any) -> None:
 def give_back(pool: Any, conn: Any) -> None:
     """Keep ``conn`` for the next use (a disconnected one reconnects then)."""
     with _idle_lock:
-        pid, idle = getattr(pool, _IDLE, (None, None))
-        if idle is None or pid != os.getpid():
-            pid, idle = os.getpid(), []
-            setattr(pool, _IDLE, (pid, idle))
-        idle.append(conn)
+        idle = _idle(pool)
+        if idle is None:
+            idle = _Idle(pool)
+            setattr(pool, _IDLE, idle)
+        idle.push(conn)
 
 
 def _reset_after_fork() -> None:

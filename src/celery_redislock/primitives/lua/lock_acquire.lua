@@ -23,9 +23,10 @@
 -- duplicate parked run.
 
 -- The common case first, before the helpers are defined: free, nobody in line
--- (or in flight), and not the re-published run of a parked task.
-if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[3], KEYS[6]) == 0
-    and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- (or in flight), and not the re-published run of a parked task.  The fence
+-- is written before the lock: a server that refuses SET ... GET (before
+-- Redis 6.2) fails the script before it has taken anything.
+if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
   local t = redis.call('TIME')
   local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[6], 'GET')
@@ -34,6 +35,7 @@ if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[3], KEYS[6]) == 0
     f = last + 1
     redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[6])
   end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return f
 end
 
