@@ -591,15 +591,8 @@ def test_a_dropped_client_closes_its_waits_connections_before_anything_is_finali
     probe = _Finalized(seen)
     client.connection_pool._test_probe = probe  # type: ignore[attr-defined]
     holder = Lock(client, "transport-dropped-client", ttl=5.0)
-    assert holder.acquire()
     waiter = Lock(client, "transport-dropped-client", ttl=5.0)
-    got: list[bool] = []
-    thread = threading.Thread(target=lambda w=waiter: got.append(w.acquire(timeout=5)))
-    thread.start()
-    wait_until(lambda: blocked_clients(r) == 1, 3, what="the waiter to block")
-    holder.release()
-    thread.join(5)
-    assert got == [True]
+    hand_over(holder, waiter, r)
     waiter.release()
     (kept,) = getattr(client.connection_pool, _own._IDLE).conns
     probe.sock = kept._sock
@@ -607,7 +600,7 @@ def test_a_dropped_client_closes_its_waits_connections_before_anything_is_finali
     kept.send_command("CLIENT", "SETNAME", named)
     assert kept.read_response() == b"OK"
     client.close()
-    del client, holder, waiter, thread, probe, kept
+    del client, holder, waiter, probe, kept
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         gc.collect()
