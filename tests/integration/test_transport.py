@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import select
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,7 @@ from celery_redislock import (
     transport,
 )
 from celery_redislock.primitives import _keeper, _scripts
-from celery_redislock.transport import _own
+from celery_redislock.transport import _checkout, _own
 from celery_redislock.transport._encode import KeyBlock
 from celery_redislock.transport._errors import translated
 from celery_redislock.transport._waits import MARGIN
@@ -48,6 +51,7 @@ from tests.helpers import (
     blocked_clients,
     collect_earlier_garbage,
     counting_client,
+    forking,
     wait_until,
 )
 from tests.redis_server import RedisServer, free_port
@@ -75,6 +79,27 @@ def test_a_packed_call_is_the_command_redis_py_would_send(r: redis.Redis) -> Non
     assert ours == theirs
 
 
+def test_a_release_packed_ahead_still_carries_a_reservation_set_after_acquire(
+    redis_url: str,
+) -> None:
+    client, trips = counting_client(redis_url)
+    lock = Lock(client, "transport-prepared", ttl=5.0, renew=False)
+    assert lock.acquire()
+    lock.release()  # (scripts loaded, a connection made)
+    for reserve_ms in (None, 1234):
+        assert lock.acquire()
+        token = lock.token
+        if reserve_ms is not None:
+            lock.reserve_ms = reserve_ms
+        trips.reset()
+        lock.release()
+        ((command,),) = trips.sends
+        argv = command[3 + int(command[2]) :]
+        assert command[0] == b"EVALSHA" and argv[0] == token.encode()  # type: ignore[union-attr]
+        assert argv[3:] == (() if reserve_ms is None else (b"0", b"1234"))
+    client.close()
+
+
 def test_a_flushed_script_is_loaded_again_and_the_call_goes_through(r: redis.Redis) -> None:
     lock = Lock(r, "transport-noscript", ttl=5.0)
     assert lock.acquire()
@@ -95,6 +120,159 @@ def test_a_connection_killed_by_the_server_is_reopened(r: redis.Redis, redis_url
     assert r.client_kill_filter(_type="normal", skipme=True) >= 1
     assert lock.acquire()  # the client's retry policy reconnects and sends again
     assert r.get(lock.key) == lock.token.encode()  # type: ignore[union-attr]
+    lock.release()
+
+
+# -- taking a connection from the pool -----------------------------------------------------
+
+
+class CheckoutCount:
+    """Counts a pool's get_connection() calls."""
+
+    def __init__(self, pool: Any) -> None:
+        self.calls = 0
+        taken = pool.get_connection
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return taken(*args, **kwargs)
+
+        pool.get_connection = counted
+
+
+def readable(conn: Any) -> bool:
+    return bool(select.select([conn._sock], [], [], 0)[0])
+
+
+def test_this_redis_py_pool_checkout_is_one_the_library_mirrors() -> None:
+    # Every redis-py the library declares and CI installs (5.0 to 8.1) has one;
+    # a later one whose checkout takes other steps is left to get_connection().
+    if tuple(int(p) for p in redis.__version__.split(".")[:2]) <= (8, 1):
+        assert _checkout.mirrored()
+
+
+@pytest.mark.parametrize(
+    "pool_class",
+    [redis.ConnectionPool, redis.BlockingConnectionPool, type("Sub", (redis.ConnectionPool,), {})],
+)
+def test_only_a_plain_pools_idle_connection_skips_get_connection(
+    redis_url: str, pool_class: Any
+) -> None:
+    pool = pool_class.from_url(redis_url)
+    client = redis.Redis(connection_pool=pool)
+    lock = Lock(client, f"transport-checkout-{pool_class.__name__}", ttl=5.0, renew=False)
+    assert lock.acquire()
+    lock.release()
+    count = CheckoutCount(pool)
+    for _ in range(3):
+        assert lock.acquire()
+        lock.release()
+    mirrored = pool_class is redis.ConnectionPool and _checkout.mirrored()
+    assert count.calls == (0 if mirrored else 6)
+    if pool_class is not redis.BlockingConnectionPool:
+        assert len(pool._in_use_connections) == 0 and len(pool._available_connections) == 1
+    client.close()
+
+
+def test_a_pooled_connection_the_server_closed_is_reopened_before_the_send(
+    r: redis.Redis, redis_url: str
+) -> None:
+    # No retries: a send on the closed connection would fail the call.
+    client = redis.Redis.from_url(redis_url, **no_retry())
+    lock = Lock(client, "transport-checkout-closed", ttl=5.0, renew=False)
+    for _ in range(3):
+        assert lock.acquire()
+        lock.release()  # the pool's one connection is idle again
+        assert r.client_kill_filter(_id=client.client_id()) == 1
+        (idle,) = client.connection_pool._available_connections
+        wait_until(lambda idle=idle: readable(idle), 2, what="the server to close it")
+    assert lock.acquire() and r.get(lock.key) == lock.token.encode()  # type: ignore[union-attr]
+    lock.release()
+    client.close()
+
+
+def test_a_pooled_connection_with_a_reply_unread_is_not_read_from(redis_url: str) -> None:
+    # Where redis-py's pool checks for one: since redis-py 7 it does not while
+    # maintenance notifications are on (their default, "auto"), and neither
+    # does the library then.
+    options: dict[str, Any] = {}
+    with contextlib.suppress(ImportError):
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    client = redis.Redis.from_url(redis_url, **options)
+    pool = client.connection_pool
+    lock = Lock(client, "transport-checkout-unread", ttl=5.0, renew=False)
+    assert lock.acquire()
+    lock.release()
+    try:
+        conn = pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants a command name
+        conn = pool.get_connection("ECHO")
+    conn.send_command("ECHO", "stale")  # its reply never read
+    wait_until(lambda: readable(conn), 2, what="the reply")
+    pool.release(conn)
+    assert lock.acquire() and isinstance(lock.fence, int)
+    lock.release()
+    client.close()
+
+
+def test_a_mirrored_checkout_keeps_the_pools_connection_counts(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    import redis.connection
+
+    if not hasattr(redis.connection, "record_connection_count"):
+        pytest.skip("this redis-py records no connection counts")
+    changes: Counter[str] = Counter()
+    updates: list[str] = []
+
+    def record(pool_name: str, connection_state: Any, counter: int = 1) -> None:
+        changes[connection_state.name] += counter
+        updates.append(connection_state.name)
+
+    monkeypatch.setattr(redis.connection, "record_connection_count", record)
+    client = redis.Redis.from_url(redis_url)
+    lock = Lock(client, "transport-checkout-counts", ttl=5.0, renew=False)
+    for _ in range(3):
+        assert lock.acquire()
+        lock.release()
+    # One connection, made once (IDLE +1), then each of the 6 calls as the pool
+    # counts a checkout and a checkin: IDLE -1, USED +1, then USED -1, IDLE +1.
+    assert changes == {"IDLE": 1, "USED": 0}
+    assert updates.count("USED") == 12
+    client.close()
+
+
+def test_a_forked_child_never_sends_on_its_parents_pooled_connection(r: redis.Redis) -> None:
+    lock = Lock(r, "transport-checkout-fork", ttl=5.0, renew=False)
+    assert lock.acquire()
+    lock.release()
+    read, write = os.pipe()
+    with forking():
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        ok = False
+        with contextlib.suppress(BaseException):
+            made_here: list[bool] = []
+            send = redis.Connection.send_packed_command
+
+            def noted(conn: Any, *args: Any, **kwargs: Any) -> Any:
+                made_here.append(conn.pid == os.getpid())
+                return send(conn, *args, **kwargs)
+
+            redis.Connection.send_packed_command = noted  # type: ignore[method-assign]
+            # (The parent's lock: nothing of the client is touched before the call.)
+            ok = lock.acquire()
+            lock.release()
+            ok = ok and bool(made_here) and all(made_here)
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        assert answer.read() == b"1"
+    os.waitpid(pid, 0)
+    assert lock.acquire()  # the parent's connection is still in step
     lock.release()
 
 

@@ -7,7 +7,8 @@ Three kinds of client, told apart once per call by their type:
   connection is taken from the pool for the call and given back after it, as
   redis-py's own commands do, so whatever the pool does on checkout
   (Sentinel's master discovery, a bounded pool's wait, a stale-data check)
-  happens here too.  The packed command goes out through the connection's
+  happens here too (for a plain pool, in fewer steps: :mod:`._checkout`).
+  The packed command goes out through the connection's
   ``send_packed_command`` (health check, connect and authenticate on demand)
   and its reply comes back through ``read_response`` (the connection's parser
   and error mapping, RESP3 pushes), under the connection's retry policy.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
@@ -47,6 +47,8 @@ from redis.exceptions import (
 )
 
 from . import _cluster, _own
+from ._checkout import checkin as _checkin
+from ._checkout import checkout as _checkout
 from ._encode import KeyBlock, pack_command
 from ._errors import drop_demoted, translated, unauthenticated
 
@@ -114,11 +116,13 @@ def call(
     block: KeyBlock,
     args: list[Any],
     *,
+    packed: Optional[bytes] = None,
     sends: Optional[list[int]] = None,
     deadline: Optional[float] = None,
     replicas: Optional[tuple[int, int]] = None,
 ) -> Any:
     """Run ``script`` on ``block``'s keys with ``args``: one round trip once loaded.
+    ``packed``, when given, is ``block.evalsha(script.sha, args)`` made earlier.
 
     Error replies raise as redis-py raises them; NOSCRIPT (a restarted or
     flushed server) loads the script and sends the call again.  ``sends``,
@@ -144,7 +148,8 @@ def call(
         if wait is not None:
             return _execute_and_wait(client, script, block, args, replicas)  # type: ignore[arg-type]
         return _execute(client, script, block, args)
-    packed = block.evalsha(script.sha, args)
+    if packed is None:
+        packed = block.evalsha(script.sha, args)
     return _loaded_roundtrip(pool, script, packed, sends, deadline, wait, client.script_load)
 
 
@@ -226,8 +231,11 @@ def _execute_and_wait(
     return reply, int(acked)
 
 
-def call_soon(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> Reply:
-    """Send the call now and return its :class:`Reply`, to be read later.
+def call_soon(
+    client: Any, script: Script, block: KeyBlock, args: list[Any], packed: Optional[bytes] = None
+) -> Reply:
+    """Send the call now and return its :class:`Reply`, to be read later
+    (``packed``: as for :func:`call`).
 
     The connection stays out of the pool until the reply is read.  Where a
     call cannot be split (a cluster or a single-connection client), it is
@@ -239,7 +247,8 @@ def call_soon(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> 
             return Reply.done(_execute(client, script, block, args))
         except Exception as exc:
             return Reply.done(None, exc)
-    packed = block.evalsha(script.sha, args)
+    if packed is None:
+        packed = block.evalsha(script.sha, args)
     conn = _checkout(pool)
 
     def send() -> None:
@@ -324,7 +333,7 @@ class Reply:
         if conn is not None:  # never read: the connection is out of step
             try:
                 conn.disconnect()
-                self._pool.release(conn)
+                _checkin(self._pool, conn)
             except Exception:  # interpreter shutdown, a closed pool
                 pass
 
@@ -582,24 +591,3 @@ def _observe(conn: Any, started: float, error: Optional[Exception]) -> None:
             db_namespace=str(getattr(conn, "db", "")),
             error=error,
         )
-
-
-def _checkout(pool: Any) -> Any:
-    """A connection from ``pool``, asked for the way its redis-py version wants."""
-    if _wants_command_name(pool.__class__):
-        return pool.get_connection("EVALSHA")  # redis-py before 5.3
-    return pool.get_connection()
-
-
-def _checkin(pool: Any, conn: Any) -> None:
-    should_reconnect: Optional[Callable[[], bool]] = getattr(conn, "should_reconnect", None)
-    if should_reconnect is not None and should_reconnect():
-        conn.disconnect()  # the server asked (maintenance): reconnect on next use
-    pool.release(conn)
-
-
-@functools.cache
-def _wants_command_name(pool_class: Any) -> bool:
-    parameters = inspect.signature(pool_class.get_connection).parameters
-    name = parameters.get("command_name")
-    return name is not None and name.default is inspect.Parameter.empty

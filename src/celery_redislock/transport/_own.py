@@ -42,7 +42,15 @@ from typing import Any, Optional
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["CONNECT_TIMEOUT", "connect", "connect_timeout", "give_back", "read_until", "take"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "connect",
+    "connect_timeout",
+    "give_back",
+    "plain_socket",
+    "read_until",
+    "take",
+]
 
 #: Connect and socket timeout of an own connection when the pool sets none, s.
 CONNECT_TIMEOUT = 1.0
@@ -169,8 +177,13 @@ _KERNEL_TIMEOUT = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVTI
 _PLAIN_SOCKET = socket.socket if socket.socket.__module__ == "socket" else None
 
 
+def plain_socket(sock: Any) -> bool:
+    """Whether ``sock`` is the standard library's own socket (not TLS, not gevent's)."""
+    return _PLAIN_SOCKET is not None and type(sock) is _PLAIN_SOCKET
+
+
 def _kernel_timed(sock: Any) -> bool:
-    return _KERNEL_TIMEOUT and type(sock) is _PLAIN_SOCKET
+    return _KERNEL_TIMEOUT and plain_socket(sock)
 
 
 def _receive_timeout(sock: Any, us: int) -> None:
