@@ -35,8 +35,8 @@ RECORD_URL = f"{BASE}/3"
 DUP_SECONDS = 0.3
 
 app = Celery("redislock_bench", broker=BROKER_URL, backend=BACKEND_URL)
-# Extra settings as JSON, to compare against another version of the library
-# (e.g. BENCH_EXTRA_CONF='{"redislock_release_with_result": false}').
+# Extra settings as JSON, to compare settings or another version of the library
+# (e.g. BENCH_EXTRA_CONF='{"result_compression": "zlib"}').
 app.conf.update(json.loads(os.environ.get("BENCH_EXTRA_CONF") or "{}"))
 app.conf.update(
     # Celery's own defaults otherwise; the prefetch multiplier can be changed

@@ -88,6 +88,10 @@ if os.environ.get("REDISLOCK_TEST_LOCK_URL"):
     # A worker whose lock store is elsewhere (e.g. a dead port) than its broker.
     app.conf.redislock_url = os.environ["REDISLOCK_TEST_LOCK_URL"]
 
+if os.environ.get("REDISLOCK_TEST_RESULT_CONF"):
+    # A worker whose results are stored otherwise (compressed, another serializer).
+    app.conf.update(json.loads(os.environ["REDISLOCK_TEST_RESULT_CONF"]))
+
 
 def configure(base: str) -> None:
     """Point the app at another Redis (the test process imports this module once)."""
