@@ -23,6 +23,7 @@ import redis
 
 from celery_redislock import config
 from celery_redislock.primitives import keys
+from tests.helpers import wait_until
 from tests.workers import Worker
 
 # -- workers ---------------------------------------------------------------------
@@ -187,6 +188,18 @@ def wait_runs(
             raise AssertionError(f"{len(seen)} of {n} {key} of {tag} after {timeout} s: {seen}")
         time.sleep(0.01)
     return listed(rec, f"{key}:{tag}")
+
+
+def postruns(
+    rec: redis.Redis, task_id: str, count: int = 1, timeout: float = 10.0
+) -> list[dict[str, Any]]:
+    """Wait for ``count`` task_postrun records of ``task_id`` (tests.celery_app's
+    POSTRUN_TASKS record one per run, with the state and the lock's holder then)."""
+    return wait_until(
+        lambda: p if len(p := listed(rec, f"postrun:{task_id}")) >= count else None,
+        timeout=timeout,
+        what=f"{count} task_postrun record(s) of {task_id}",
+    )
 
 
 def wait_started(rec: redis.Redis, tag: str, count: int = 1, timeout: float = 10.0) -> list[Any]:

@@ -10,7 +10,6 @@ the tracer is done with the run), and the test checks the key again itself.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
 import pytest
 import redis
@@ -18,10 +17,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_redislock import config
 from celery_redislock.primitives import keys
-from tests.helpers import wait_until
 from tests.integration.task_helpers import (
-    listed,
     lock_key,
+    postruns,
     runs,
     uniq,
     worker_fixture,
@@ -32,14 +30,6 @@ pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 
 worker = worker_fixture("outcomes")
-
-
-def postruns(rec: redis.Redis, task_id: str, count: int = 1) -> list[dict[str, Any]]:
-    return wait_until(
-        lambda: p if len(p := listed(rec, f"postrun:{task_id}")) >= count else None,
-        timeout=10,
-        what=f"{count} task_postrun record(s) of {task_id}",
-    )
 
 
 OUTCOMES = {

@@ -19,7 +19,7 @@ from celery import Celery, states
 from celery.backends import base as celery_backends
 
 from tests.helpers import wait_until
-from tests.integration.task_helpers import listed, lock_key, runs, start_worker, uniq
+from tests.integration.task_helpers import lock_key, postruns, runs, start_worker, uniq
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
@@ -107,11 +107,7 @@ def test_results_are_stored_as_celery_stores_them(
 
     # The same task id runs again and fails: its SUCCESS stays as it was stored.
     capp.lt_outcome.apply_async((tag, "raise"), task_id=first.id)
-    posts = wait_until(
-        lambda: p if len(p := listed(rec, f"postrun:{first.id}")) >= 2 else None,
-        timeout=20,
-        what=f"the second run of {first.id}",
-    )
+    posts = postruns(rec, first.id, 2, timeout=20)
     assert [p["state"] for p in posts] == ["SUCCESS", "FAILURE"]
     assert len(runs(rec, tag)) == 2
     meta = stored(reader, first.id)
