@@ -1,7 +1,8 @@
-"""A Celery app whose beat schedule fires a LockedTask faster than it runs.
+"""A Celery app whose beat schedule fires tasks faster than they run.
 
 Beat publishes through the same apply_async/send_task path as any producer;
-the test checks the lock holds for scheduled runs too.  Layout as in
+the tests check the lock holds for scheduled runs too, and that a unique job
+named in ``redislock_tasks`` is queued once at a time.  Layout as in
 celery_app.py (REDISLOCK_TEST_REDIS; broker db 1, results db 2, locks db 0,
 recordings db 3).
 """
@@ -12,7 +13,7 @@ import os
 
 from celery import Celery
 
-from celery_redislock import LockedTask
+from celery_redislock import ConfiguredLocks, LockedTask
 from tests.celery_app import body
 
 BASE = os.environ.get("REDISLOCK_TEST_REDIS", "redis://127.0.0.1:6379").rstrip("/")
@@ -26,10 +27,18 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     beat_schedule={
         "every-0.2s": {"task": "b.scheduled", "schedule": 0.2, "args": (TAG, 0.5)},
+        "unique-every-0.2s": {"task": "b.configured", "schedule": 0.2, "args": (TAG, 0.5)},
     },
+    task_annotations=[ConfiguredLocks()],
+    redislock_tasks={"b.configured": {"unique": "until_finished", "on_contention": "skip"}},
 )
 
 
 @app.task(name="b.scheduled", base=LockedTask, bind=True, on_contention="skip", shared=False)
 def scheduled(self, tag: str, duration: float = 0.5):
     return body(self, tag, duration)
+
+
+@app.task(name="b.configured", bind=True, shared=False)
+def configured(self, tag: str, duration: float = 0.5):
+    return body(self, f"{tag}-unique", duration)

@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from .exceptions import (
+    AlreadyQueued,
     BackendUnavailable,
     BackendUnsupported,
     ConfigurationError,
@@ -21,6 +22,7 @@ from .exceptions import (
     LockTimeout,
     RedisLockError,
     TaskSkipped,
+    TaskSuperseded,
 )
 from .primitives import Lock, ReadWriteLock, Semaphore
 
@@ -30,6 +32,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "AlreadyQueued",
     "BackendUnavailable",
     "BackendUnsupported",
     "ConfigurationError",
@@ -46,6 +49,7 @@ __all__ = [
     "RedisLockError",
     "Semaphore",
     "TaskSkipped",
+    "TaskSuperseded",
     "__version__",
 ]
 

@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 CONTENTION_POLICIES = ("retry", "skip", "wait", "fail", "park")
+DUPLICATE_ACTIONS = ("return", "raise", "replace")
 WAIT_FALLBACKS = ("retry", "fail")
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
 #: URL schemes redis-py connects to (Celery's ``redis+socket://`` is a unix socket).
@@ -79,6 +80,11 @@ class Settings:
         release (``WAIT``) before it counts; 0: do not wait.  A grant not
         acknowledged in time is undone and counts as contention.
     wait_timeout_ms: how long each of those waits for its replicas, ms.
+    unique_ttl: seconds a queued unique job holds its key at most (plus its
+        countdown or ETA), so a message nobody consumes frees it.
+    on_duplicate: what a duplicate publish of a unique job does: ``return``
+        (the existing job's AsyncResult), ``raise`` (AlreadyQueued) or
+        ``replace`` (queue it; the waiting one is dropped).
     """
 
     url: Optional[str] = None
@@ -99,6 +105,8 @@ class Settings:
     fence_retention: float = 600.0
     wait_replicas: int = 0
     wait_timeout_ms: int = 1000
+    unique_ttl: float = 3600.0
+    on_duplicate: str = "return"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -120,6 +128,7 @@ _SECONDS = (
     "socket_timeout",
     "park_reserve",
     "park_sweep_interval",
+    "unique_ttl",
 )
 
 
@@ -148,6 +157,8 @@ def validate(name: str, value: Any, where: str) -> None:
         _validate.check_count(value, where, minimum=0)
     elif name == "wait_timeout_ms":
         _validate.check_count(value, where, minimum=1)
+    elif name == "on_duplicate":
+        _validate.check_choice(value, where, DUPLICATE_ACTIONS)
 
 
 def visibility_timeout(conf: Any) -> Optional[float]:

@@ -10,12 +10,16 @@
         ├── LockContended            held by someone else (key, holder, ttl_ms)
         │   ├── LockTimeout          gave up waiting for it
         │   └── TaskSkipped          a task run dropped by on_contention="skip"
-        └── LockNotOwned             release/extend of a lock the caller does not hold
-            └── LockLost             the caller held it, but its lease ran out
+        ├── LockNotOwned             release/extend of a lock the caller does not hold
+        │   └── LockLost             the caller held it, but its lease ran out
+        ├── AlreadyQueued            a publish refused: the same job is queued (key, task_id)
+        └── TaskSuperseded           a queued run dropped: a newer publish replaced it
 
 Every ``LockError`` carries the Redis ``key`` it is about; contention errors also
 carry the ``holder`` (owner token, or the holder's task id for tasks) and the
-holder's remaining lease in milliseconds (``ttl_ms``).
+holder's remaining lease in milliseconds (``ttl_ms``).  The unique-job errors
+carry the ``task_id`` of the other job: the one holding the key, or the one
+that superseded the run.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from typing import Optional
 
 __all__ = [
+    "AlreadyQueued",
     "BackendUnavailable",
     "BackendUnsupported",
     "ConfigurationError",
@@ -33,6 +38,7 @@ __all__ = [
     "LockTimeout",
     "RedisLockError",
     "TaskSkipped",
+    "TaskSuperseded",
 ]
 
 
@@ -103,3 +109,42 @@ class TaskSkipped(LockContended):
     Stored as the run's FAILURE result, so ``AsyncResult.get()`` raises it
     promptly; ``holder`` is the task id of the run that held the lock.
     """
+
+
+class AlreadyQueued(LockError):
+    """A publish refused because the same job is already queued (or running,
+    under ``unique="until_finished"``).
+
+    ``task_id`` is the job holding the unique ``key``; ``ttl_ms`` how much
+    longer it holds the key at most (None when not known).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        key: str = "",
+        task_id: Optional[str] = None,
+        ttl_ms: Optional[int] = None,
+    ) -> None:
+        if not message:
+            message = f"a job with unique key {key!r} is already queued: task {task_id}"
+        super().__init__(message, key)
+        self.args = (message, key, task_id, ttl_ms)
+        self.task_id = task_id
+        self.ttl_ms = ttl_ms
+
+
+class TaskSuperseded(LockError):
+    """A queued run dropped because a newer publish of the same job replaced it
+    (``on_duplicate="replace"``, ``debounce``).
+
+    Stored as the run's FAILURE result (no errbacks run, as for
+    TaskSkipped); ``task_id`` is the job that replaced it.
+    """
+
+    def __init__(self, message: str = "", key: str = "", task_id: Optional[str] = None) -> None:
+        if not message:
+            message = f"superseded by task {task_id} (unique key {key!r})"
+        super().__init__(message, key)
+        self.args = (message, key, task_id)
+        self.task_id = task_id

@@ -9,6 +9,14 @@ and these keyword arguments:
 - ``lock_released(request, key, name, fence)``: a task run released its lock.
 - ``task_skipped(request, key, name, holder)``: a run was dropped by ``skip``.
 - ``lock_lost(key, reason, lock)``: renewal found a held lease gone.
+- ``task_duplicate(key, task_id, existing_id, action)``: a publish met a job
+  holding its unique key, in the publishing process.  ``task_id`` is the
+  publish's, ``existing_id`` the other job's; ``action`` what was done:
+  ``"return"`` (nothing sent, the existing job's result returned),
+  ``"raise"`` (AlreadyQueued raised), ``"replace"`` (sent; the existing
+  waiting job is dropped as it reaches a worker) or ``"fail"`` (inside a
+  canvas: sent, to end at once as a FAILURE with AlreadyQueued, so that the
+  rest of the canvas learns of it).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ __all__ = [
     "lock_contended",
     "lock_lost",
     "lock_released",
+    "task_duplicate",
     "task_skipped",
 ]
 
@@ -33,6 +42,7 @@ lock_contended = Signal(name="lock_contended")
 lock_released = Signal(name="lock_released")
 task_skipped = Signal(name="task_skipped")
 lock_lost = Signal(name="lock_lost")
+task_duplicate = Signal(name="task_duplicate")
 
 
 def _on_lease_lost(lease: Any, reason: str) -> None:

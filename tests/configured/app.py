@@ -68,6 +68,11 @@ def plain_slow(self: Task, job: str, tag: str, duration: float = 30.0) -> str:
     return record(self, tag, duration)
 
 
+@app.task(name="cfg.unique", bind=True)
+def unique(self: Task, job: str, tag: str, duration: float = 0.3) -> str:
+    return record(self, tag, duration)
+
+
 @shared_task(name="cfg.shared.skip", bind=True)
 def shared_skip(self: Task, job: str, tag: str, duration: float = 0.3) -> str:
     return record(self, tag, duration)

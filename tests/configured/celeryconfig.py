@@ -29,4 +29,6 @@ redislock_tasks = {
     "cfg.plain.slow": {"lock_key": ["job"], "on_contention": "fail"},
     "cfg.custom": {"lock_key": ["job"], "on_contention": "skip"},
     "cfg.nothing.*": {"on_contention": "skip"},  # matches no task: a warning
+    # A unique job, sent by name as well as through the task.
+    "cfg.unique": {"lock_key": ["job"], "unique": "until_finished", "on_contention": "skip"},
 }

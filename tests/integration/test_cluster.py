@@ -660,3 +660,61 @@ def test_extend_release_async_and_reap_reach_the_owning_node(
     assert reap(rc, "extended", "child-7-") is True  # (a supervisor's clean-up)
     assert node.exists(lock.key) == 0
     assert reap(rc, "extended", "child-7-") is False
+
+
+# -- unique keys -------------------------------------------------------------------
+
+
+def test_a_unique_key_rides_on_its_lock_in_the_same_slot_and_apart_in_another(
+    redis_cluster: LocalCluster, nodes: Nodes
+) -> None:
+    """A run's claim on its unique key is started and ended by its lock's own
+    scripts when both live in one hash slot (the default: same name), and by
+    calls of its own, on the key's node, when they do not."""
+    from celery_redislock.primitives import _scripts, keys, unique
+    from celery_redislock.unique.run import UniqueRun
+
+    rc, trips = counting_cluster(redis_cluster)
+    try:
+        for node in nodes.values():  # scripts loaded everywhere: no NOSCRIPT resends
+            for script in ("lock_acquire", "lock_release", "unique_claim", "unique_publish"):
+                node.script_load(_scripts.source(script))
+        # Same name, same tag: folded into the lock's two round trips.
+        name = "u-same"
+        key = keys.unique_key("redislock", name)
+        assert unique.publish(rc, key, "A", "f", 5000).accepted
+        lock = Lock(rc, name, ttl=2, renew=False)
+        run = UniqueRun(rc, unique.Claim(key, "A", "f", 5000))
+        run.attach(lock)
+        assert run.folded
+        for t in trips.values():
+            t.reset()
+        assert lock.acquire(blocking=False)
+        run.started(lock)
+        assert unique.state(rc, key).running == "A"
+        assert unique.publish(rc, key, "B", "f", 5000).other == "A"
+        for t in trips.values():
+            t.reset()
+        lock.release()
+        run.ended()
+        assert sum(len(scripts_sent(t, "lock_release")) for t in trips.values()) == 1
+        assert sum(len(scripts_sent(t, "unique_claim")) for t in trips.values()) == 0
+        assert not nodes[port_of(rc, key)].exists(key)
+
+        # A lock elsewhere: the claim's steps go to the key's own node.
+        other = next(n for n in (f"u-lock-{i}" for i in range(100))
+                     if key_slot(Lock(rc, n).key.encode()) != key_slot(key.encode()))  # fmt: skip
+        assert unique.publish(rc, key, "C", "s", 5000).accepted
+        lock = Lock(rc, other, ttl=2, renew=False)
+        run = UniqueRun(rc, unique.Claim(key, "C", "s", 5000))
+        run.attach(lock)
+        assert not run.folded and lock.claim is None
+        assert run.superseded(parked_run=False) is None
+        assert lock.acquire(blocking=False)
+        run.started(lock)
+        assert unique.state(rc, key).holder is None  # until_started: freed as it started
+        lock.release()
+        run.ended()
+        assert scripts_sent(trips[port_of(rc, key)], "unique_claim")
+    finally:
+        rc.close()

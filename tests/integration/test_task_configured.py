@@ -209,6 +209,46 @@ def test_send_task_by_name_from_a_client_with_only_the_config(
     assert all(r["sent"] is not None for r in ran)  # stamped by the client as it sent
 
 
+UNIQUE_CLIENT = """
+import json, sys
+from celery import Celery
+client = Celery("configured-client")
+client.config_from_object("tests.configured.celeryconfig")
+job, tag = sys.argv[1], sys.argv[2]
+sent = [client.send_task("cfg.unique", kwargs={"job": job, "tag": tag, "duration": 1.0})
+        for _ in range(5)]
+print(json.dumps([r.id for r in sent]))
+print(json.dumps(sent[0].get(timeout=30)))
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("tests.configured.app"))))
+"""
+
+
+@pytest.mark.worker
+def test_send_task_by_name_follows_the_unique_options_of_the_config(
+    worker: Worker, cfg: ModuleType, redis_base: str, rec: redis.Redis
+) -> None:
+    # In a process that has the task.
+    tag, job = uniq("cfguniq"), uniq("job")
+    sent = [cfg.app.send_task("cfg.unique", args=[job, tag, 0.5]) for _ in range(5)]
+    assert len({r.id for r in sent}) == 1
+    assert sent[0].get(timeout=10) == sent[0].id
+    assert [r["id"] for r in runs(rec, tag)] == [sent[0].id]
+    # In a client with only the configuration: its first send loads the
+    # configuration (past the send_task check, caught as it publishes), the
+    # others are duplicates of it.
+    tag, job = uniq("cfguniq"), uniq("job")
+    env = {**os.environ, "REDISLOCK_TEST_REDIS": redis_base, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", UNIQUE_CLIENT, job, tag],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    ids, value, imported = (json.loads(line) for line in out.stdout.splitlines()[-3:])
+    assert len(set(ids)) == 1 and value == ids[0], ids
+    assert imported == []
+    assert [r["id"] for r in runs(rec, tag)] == [ids[0]]
+
+
 # -- as an app finalizes -----------------------------------------------------------
 
 

@@ -160,7 +160,9 @@ def test_worker_retries_while_the_lock_store_is_unreachable(
     assert runs(rec, tag) == []
     retries = [s for s in listed(rec, "retry_signals") if s["id"] == result.id]
     assert len(retries) == 2  # lt.retry_max has lock_retry_max=2
+    assert all(r["reason"].startswith("lock store unreachable, retry") for r in retries), retries
     assert f"{result.id}]: lock store unreachable" in log
+    assert "lock contended" not in log  # Celery's retry line says what happened
 
 
 # -- lock store unreachable, eager: each lock_on_redis_error policy ----------------

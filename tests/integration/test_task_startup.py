@@ -8,7 +8,10 @@ has to come from ``redislock_url`` or the result backend.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,3 +157,83 @@ def test_a_bad_setting_stops_the_worker_naming_the_key_as_the_app_spells_it(
     assert worker.proc.returncode != 0
     assert f"ConfigurationError: {spelled} must be a positive number of seconds, got -1" in out, out
     assert " ready." not in out
+
+
+UNANNOTATED = """
+import os
+from celery import Celery
+
+app = Celery("unannotated", broker=os.environ["T_BROKER"])
+app.conf.broker_transport_options = {{
+    "data_folder_in": os.environ["T_DIR"], "data_folder_out": os.environ["T_DIR"],
+    "control_folder": os.environ["T_DIR"] + "-control",
+}}
+app.conf.redislock_url = os.environ["T_LOCKS"]
+app.conf.redislock_tasks = {{"unannotated.job": {{"lock_key": ["job"]}}}}
+{setup}
+
+@app.task(name="unannotated.job")
+def job(job):
+    return job
+"""
+
+
+@pytest.mark.parametrize(
+    "setup",
+    ["", "from celery_redislock import LockedTask\n@app.task(base=LockedTask)\ndef other(): pass"],
+    ids=["library-never-imported", "library-imported"],
+)
+def test_redislock_tasks_without_configured_locks_stops_the_worker_saying_so(
+    tmp_path: Path, redis_base: str, stopped: list[Worker], setup: str
+) -> None:
+    """Without ``ConfiguredLocks()`` in task_annotations, Celery never asks it
+    about a task: the patterns would lock nothing, silently.  The worker
+    refuses to start, even when nothing of the project imports the library
+    (the ``celery`` command loads it as a plugin)."""
+    module = f"unannotated_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(UNANNOTATED.format(setup=setup))
+    (tmp_path / "q").mkdir(exist_ok=True)
+    env = {
+        "PYTHONPATH": f"{ROOT}:{tmp_path}",
+        "T_BROKER": "filesystem://",
+        "T_DIR": str(tmp_path / "q"),
+        "T_LOCKS": f"{redis_base}/0",
+    }
+    worker = Worker(redis_base, concurrency=1, name=module, app=module, env=env)
+    stopped.append(worker)
+    wait_until(lambda: worker.proc.poll() is not None, 30, what="the worker to exit")
+    out = worker.output()
+    assert worker.proc.returncode != 0
+    assert "redislock_tasks is set, but task_annotations has no" in out, out
+    assert "task_annotations = [ConfiguredLocks()]" in out
+    assert " ready." not in out
+
+    # `celery redislock check` says the same, and exits non-zero.
+    check = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", module, "redislock", "check"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    assert check.returncode != 0
+    assert "task_annotations has no celery_redislock.ConfiguredLocks()" in check.stderr
+
+
+def test_redislock_check_lists_the_locked_tasks_and_reaches_the_store(
+    tmp_path: Path, redis_base: str
+) -> None:
+    module = f"checked_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(APP.format(setup=""))
+    (tmp_path / "q").mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}:{tmp_path}",
+        "T_BROKER": "filesystem://",
+        "T_BACKEND": f"{redis_base}/2",
+        "T_DIR": str(tmp_path / "q"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", module, "redislock", "check"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "(from result_backend), reached" in out.stdout
+    assert "startup.locked (lock_key=['job'], on_contention='fail'; from code)" in out.stdout

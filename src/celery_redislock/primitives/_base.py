@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from redis.exceptions import ResponseError
 
@@ -39,6 +39,9 @@ from ..exceptions import (
 )
 from . import _keeper, _scripts
 from .tokens import new_token
+
+if TYPE_CHECKING:
+    from .unique import Claim
 
 __all__ = ["DEFAULT_RESERVE_MS", "GRACE_MS", "Handoff", "Primitive", "Release"]
 
@@ -99,6 +102,11 @@ class Primitive:
     on_handoff: Optional[Callable[[list[Handoff]], None]] = None
     #: How long a parked entry this object's calls grant may take to claim it.
     reserve_ms: int = DEFAULT_RESERVE_MS
+    #: The claim on a unique key that this object's acquire starts and its
+    #: release ends, in the same script calls (see unique.py); set before acquire.
+    claim: Optional[Claim] = None
+    #: The job that superseded the claim's job, when an acquire refused it for that.
+    superseded_by: Optional[str] = None
 
     def __init__(
         self,
@@ -165,8 +173,8 @@ class Primitive:
         self._sent = 0.0
         self._server_ms = 0
         self._block: Optional[transport.KeyBlock] = None
-        #: (token, reserve_ms, args, packed call) of the release of the latest acquire.
-        self._prepared_release: Optional[tuple[str, int, list[Any], bytes]] = None
+        #: (token, reserve_ms, claim, args, packed call) of the release of the latest acquire.
+        self._prepared_release: Optional[tuple[str, int, Optional[Claim], list[Any], bytes]] = None
         self._lease_block: Optional[transport.KeyBlock] = None
 
     def _check(
@@ -223,9 +231,10 @@ class Primitive:
     def _keyblock(self) -> transport.KeyBlock:
         block = self._block
         if block is None:
-            block = self._block = transport.KeyBlock(
-                list(self.keys.script_keys), transport.encoding_of(self.client)
-            )
+            keys = list(self.keys.script_keys)
+            if self.claim is not None:
+                keys.append(self.claim.key)
+            block = self._block = transport.KeyBlock(keys, transport.encoding_of(self.client))
         return block
 
     def _script(
@@ -327,8 +336,11 @@ class Primitive:
                 return self._give_up(token)
             if popped is not None:
                 fence, start = self._handed_over(popped)
-                if start + self.ttl > time.monotonic() and self.replicas is None:
+                fresh = start + self.ttl > time.monotonic()
+                if fresh and self.replicas is None and self.claim is None:
                     return self._granted(token, fence, start)
+                # With a claim, the grant is confirmed by a call of our own,
+                # which starts the claim's run.
                 # With wait_replicas, the grant is confirmed by a write of
                 # our own that the replicas acknowledge (the releaser's WAIT
                 # covered its own connection's writes, for its own sake).
@@ -337,7 +349,7 @@ class Primitive:
                 # been granted again.  Ask once more with the same token: a
                 # lease still ours is renewed and confirmed, else we queue.
             status = attempt()
-        return True
+        return status == 1
 
     def _handed_over(self, popped: bytes) -> tuple[int, float]:
         """(fence, local time the lease began at the earliest) of a wake-up.
@@ -366,7 +378,8 @@ class Primitive:
         order_ms: Optional[float] = None,
         deadline: Optional[float] = None,
     ) -> int:
-        """One acquire call: 1 held, 0 not (queued or parked), -1 duplicate parked run."""
+        """One acquire call: 1 held, 0 not (queued or parked), -1 duplicate parked
+        run, -2 a claim whose job was superseded (see :attr:`superseded_by`)."""
         args: list[Any] = [
             token,
             to_ms(self.ttl),
@@ -376,7 +389,8 @@ class Primitive:
             self._keep_ms,
         ]
         extra = self._extra_args()
-        if payload or claim or extra:
+        unique = self.claim
+        if payload or claim or extra or unique is not None:
             # Left out when not parking (the common, hot path): the script
             # defaults them.
             args += [
@@ -386,6 +400,8 @@ class Primitive:
                 "" if order_ms is None else order_ms,
                 *extra,
             ]
+            if unique is not None:
+                args.append(unique.arg())
         sent = time.monotonic()
         reply = self._script(
             "acquire", self.ACQUIRE, args, deadline=deadline, replicas=self.replicas
@@ -407,6 +423,8 @@ class Primitive:
             self.holder = decode(reply[2])
             self.holder_ttl_ms = int(reply[1])
             self._sent, self._server_ms = sent, int(reply[3])
+        elif status == -2:
+            self.superseded_by = decode(reply[2])
         return status
 
     @staticmethod
@@ -532,6 +550,9 @@ class Primitive:
         return Release(self, reply, args, fence)
 
     def _release_args(self, token: str) -> list[Any]:
+        claim = self.claim
+        if claim is not None:
+            return [token, self.keys.wake, self._keep_ms, 0, self.reserve_ms, claim.arg()]
         if self.reserve_ms == DEFAULT_RESERVE_MS:
             return [token, self.keys.wake, self._keep_ms]
         return [token, self.keys.wake, self._keep_ms, 0, self.reserve_ms]
@@ -545,11 +566,16 @@ class Primitive:
         a tight loop.
         """
         made = self._prepared_release
-        if made is not None and made[0] == token and made[1] == self.reserve_ms:
-            return made[2], made[3]
+        if (
+            made is not None
+            and made[0] == token
+            and made[1] == self.reserve_ms
+            and made[2] is self.claim
+        ):
+            return made[3], made[4]
         args = self._release_args(token)
         packed = self._keyblock().evalsha(_scripts.get(self.RELEASE).sha, args)
-        self._prepared_release = (token, self.reserve_ms, args, packed)
+        self._prepared_release = (token, self.reserve_ms, self.claim, args, packed)
         return args, packed
 
     def _release_begin(self) -> tuple[str, Optional[int]]:

@@ -15,7 +15,16 @@ from typing import NamedTuple
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["MAX_PLAIN_NAME", "LockKeys", "MultiKeys", "digest", "lock_keys", "multi_keys", "tag"]
+__all__ = [
+    "MAX_PLAIN_NAME",
+    "LockKeys",
+    "MultiKeys",
+    "digest",
+    "lock_keys",
+    "multi_keys",
+    "tag",
+    "unique_key",
+]
 
 #: Names longer than this many characters are digested rather than spelled out.
 MAX_PLAIN_NAME = 200
@@ -121,3 +130,12 @@ def multi_keys(prefix: str, name: str, kind: str) -> MultiKeys:
     """Keys of semaphore (``kind="sem"``) or read-write lock (``kind="rw"``) ``name``."""
     base = f"{tag(prefix, name)}:{kind}"
     return MultiKeys(holders=f"{base}:holders", info=f"{base}:info", **_queue_keys(base))
+
+
+def unique_key(prefix: str, name: str) -> str:
+    """The hash of unique key ``name`` (publish-side uniqueness; see _claim.lua).
+
+    A run lock of the same name shares its hash tag, so the lock's scripts
+    can carry the claim on Redis Cluster too.
+    """
+    return f"{tag(prefix, name)}:unique"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import transport
 from . import _scripts, keys
@@ -15,6 +15,9 @@ from ._base import (
     unreachable,
 )
 from .keys import LockKeys
+
+if TYPE_CHECKING:
+    from .unique import Claim
 
 __all__ = ["Lock", "reap"]
 
@@ -80,12 +83,16 @@ def reap(
     prefix: str = "redislock",
     kind: Optional[str] = None,
     fence_retention: float = DEFAULT_FENCE_RETENTION,
+    claim: Optional[Claim] = None,
 ) -> bool:
     """Release the holds on ``name`` whose owner token starts with ``owner``.
 
     For a supervisor (a worker's main process) whose child died holding them;
     ``owner`` must identify that child's holds only.  ``kind`` None reaps a
-    Lock; "sem" or "rw" a Semaphore or ReadWriteLock.  One round trip.
+    Lock; "sem" or "rw" a Semaphore or ReadWriteLock.  ``claim``: the dead
+    run's claim on its unique key, ended in the same call (the caller checks
+    it can be, :func:`~celery_redislock.primitives.unique.foldable`).  One
+    round trip.
     """
     if kind is None:
         k: Any = keys.lock_keys(prefix, name)
@@ -93,9 +100,12 @@ def reap(
     else:
         k = keys.multi_keys(prefix, name, kind)
         script, key = _scripts.get("multi_release"), k.holders
-    block = transport.KeyBlock(list(k.script_keys), transport.encoding_of(client))
+    block_keys = list(k.script_keys) + ([claim.key] if claim is not None else [])
+    block = transport.KeyBlock(block_keys, transport.encoding_of(client))
     try:
         args = [owner, k.wake, to_ms(fence_retention), 1, DEFAULT_RESERVE_MS]
+        if claim is not None:
+            args.append(claim.arg())
         reply = transport.call(client, script, block, args)
     except transport.UNREACHABLE as exc:
         raise unreachable("reap", key, exc) from exc

@@ -48,27 +48,36 @@ the same length that both match a task are a ConfigurationError naming both.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import time
-import weakref
-from typing import Any, Optional
+from typing import Any
 
 from celery import current_app
 from celery.signals import before_task_publish
 
 from .. import _spelling, config
 from ..exceptions import ConfigurationError
-from . import parking, policies, startup
-from .locked_task import OPTIONS, SHAPE_OPTIONS, LockedTask, prepare
+from ..unique import sender as unique_sender
+from . import messages, parking, startup
+from .locked_task import LockedTask
+from .options import SHAPE_OPTIONS
+from .prepare import prepare
+from .task_rules import SETTING, match, options_of, rules, unmatched
 
-__all__ = ["ConfiguredLocks", "describe", "match", "rules", "unmatched"]
+#: The unique-job options the worker's start line shows.
+UNIQUE_SHOWN = ("unique", "unique_key", "debounce", "throttle", "on_duplicate")
+
+__all__ = [
+    "ConfiguredLocks",
+    "annotated",
+    "check_annotated",
+    "describe",
+    "match",
+    "rules",
+    "unmatched",
+]
 
 logger = logging.getLogger("celery_redislock")
-
-SETTING = "redislock_tasks"
-#: Globbing characters of fnmatch patterns.
-_GLOB = frozenset("*?[")
 
 
 class ConfiguredLocks:
@@ -80,6 +89,10 @@ class ConfiguredLocks:
 
     def __init__(self) -> None:
         before_task_publish.connect(_stamp, weak=False, dispatch_uid="celery_redislock.configured")
+        # A producer that only sends configured tasks by name may never
+        # finalize its app (so never binds a task, where this happens too):
+        # the app loading this configuration is the current one.
+        unique_sender.install(current_app._get_current_object(), options_of)
 
     def annotate(self, task: Any) -> None:
         """Called by Celery for each task class as it binds to its app."""
@@ -93,67 +106,7 @@ class ConfiguredLocks:
         return "celery_redislock.ConfiguredLocks()"
 
 
-#: app -> the ``redislock_tasks`` dict last checked for it (checked once, not
-#: on every task bind and every publish).
-_checked: weakref.WeakKeyDictionary[Any, dict[str, dict[str, Any]]] = weakref.WeakKeyDictionary()
-
-
-def rules(app: Any) -> dict[str, dict[str, Any]]:
-    """``redislock_tasks`` of ``app``, checked: pattern -> options."""
-    conf = app.conf
-    raw = conf.get(SETTING)
-    if raw is None:
-        return {}
-    checked = _checked.get(app)
-    if checked is not None and checked is raw:
-        return checked
-    where = _spelling.spelled(conf, SETTING)
-    if not isinstance(raw, dict):
-        raise ConfigurationError(
-            f"{where} must be a dict of task-name pattern -> options, got {raw!r}"
-        )
-    valid = (*SHAPE_OPTIONS, *OPTIONS)
-    for pattern, options in raw.items():
-        if not isinstance(pattern, str) or not pattern:
-            raise ConfigurationError(f"{where}: a pattern must be a task name or glob: {pattern!r}")
-        if not isinstance(options, dict):
-            raise ConfigurationError(
-                f"{where}[{pattern!r}] must be a dict of LockedTask options, got {options!r}"
-            )
-        for option, value in options.items():
-            if option not in valid:
-                raise ConfigurationError(
-                    f"{where}[{pattern!r}]: unknown option {option}={value!r}"
-                    + _spelling.suggestion(str(option), valid)
-                )
-            if option in OPTIONS:
-                config.validate(OPTIONS[option], value, f"{where}[{pattern!r}]: option {option}")
-    _checked[app] = raw
-    return raw
-
-
-def match(app: Any, name: str) -> Optional[tuple[str, dict[str, Any]]]:
-    """(pattern, options) of the most specific pattern matching task ``name``."""
-    table = rules(app)
-    if name in table:
-        return name, table[name]
-    globs = sorted(
-        (p for p in table if _GLOB & set(p) and fnmatch.fnmatchcase(name, p)),
-        key=len,
-        reverse=True,
-    )
-    if not globs:
-        return None
-    if len(globs) > 1 and len(globs[0]) == len(globs[1]):
-        where = _spelling.spelled(app.conf, SETTING)
-        raise ConfigurationError(
-            f"{where}: task {name!r} matches both {globs[0]!r} and {globs[1]!r}, "
-            "equally specific; name the task exactly or make one pattern longer"
-        )
-    return globs[0], table[globs[0]]
-
-
-def adopt(cls: Any, pattern: str, options: dict[str, Any]) -> None:
+def adopt(cls: Any, pattern: str, opts: dict[str, Any]) -> None:
     """Make task class ``cls`` a LockedTask with ``options`` where its code set none."""
     where = f"{_spelling.spelled(cls._app.conf, SETTING)}[{pattern!r}]"
     if not issubclass(cls, LockedTask):
@@ -164,20 +117,42 @@ def adopt(cls: Any, pattern: str, options: dict[str, Any]) -> None:
                 f"{where}: task {cls.name!r} ({cls.__qualname__}) cannot be made a "
                 f"LockedTask: {exc}; declare it with base=LockedTask"
             ) from exc
-    for option, value in options.items():
+    for option, value in opts.items():
         if getattr(cls, option, None) is None:
             setattr(cls, option, value)
     cls._redislock_source = f"{SETTING}[{pattern!r}]"
     try:
-        prepare(cls, cls.name)
+        prepare(cls, cls.name, LockedTask)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: {exc}") from exc
 
 
-def unmatched(app: Any) -> list[str]:
-    """Patterns of ``redislock_tasks`` that match no task registered in ``app``."""
-    names = list(app.tasks)
-    return [p for p in rules(app) if p not in names and not fnmatch.filter(names, p)]
+def annotated(app: Any) -> bool:
+    """Whether ``task_annotations`` of ``app`` holds a ConfiguredLocks (an
+    instance, or the dotted name of the class, which Celery instantiates)."""
+    found = app.conf.get("task_annotations")
+    items = found if isinstance(found, (list, tuple)) else [found]
+    for item in items:
+        if isinstance(item, ConfiguredLocks):
+            return True
+        if isinstance(item, str) and item.replace(":", ".").rsplit(".", 1)[-1] == (
+            ConfiguredLocks.__name__
+        ):
+            return True
+    return False
+
+
+def check_annotated(app: Any) -> None:
+    """Refuse ``redislock_tasks`` without a ConfiguredLocks in ``task_annotations``:
+    Celery would never ask it about any task, and no pattern would apply."""
+    if not rules(app) or annotated(app):
+        return
+    where = _spelling.spelled(app.conf, SETTING)
+    raise ConfigurationError(
+        f"{where} is set, but task_annotations has no celery_redislock.ConfiguredLocks(), "
+        "so none of its patterns lock anything: add "
+        "task_annotations = [ConfiguredLocks()] to the same configuration"
+    )
 
 
 def describe(app: Any) -> str:
@@ -187,7 +162,10 @@ def describe(app: Any) -> str:
         task = app.tasks[name]
         if not isinstance(task, LockedTask):
             continue
-        shown = {o: getattr(task, o) for o in (*SHAPE_OPTIONS, "on_contention", "lock_ttl")}
+        shown = {
+            o: getattr(task, o)
+            for o in (*SHAPE_OPTIONS, "on_contention", "lock_ttl", *UNIQUE_SHOWN)
+        }
         shown = {o: v for o, v in shown.items() if v is not None}
         how = ", ".join(f"{o}={v!r}" for o, v in shown.items())
         source = getattr(task, "_redislock_source", "code")
@@ -195,12 +173,13 @@ def describe(app: Any) -> str:
     return "; ".join(parts) or "none"
 
 
-def _stamp(sender: Any = None, headers: Any = None, **_: Any) -> None:
-    """A configured task sent by name still gets its park order stamp."""
+def _stamp(sender: Any = None, headers: Any = None, body: Any = None, **_: Any) -> None:
+    """A configured task sent by name still gets its park order stamp, and a
+    unique job that passed by the send_task wrapper its check."""
     if not isinstance(headers, dict):
         return
     name = headers.get("task") or sender
-    if not isinstance(name, str) or parking.SENT_HEADER in headers:
+    if not isinstance(name, str):
         return
     app = current_app._get_current_object()  # (the proxy cannot be weakly referenced)
     try:
@@ -209,9 +188,10 @@ def _stamp(sender: Any = None, headers: Any = None, **_: Any) -> None:
         return  # reported where it matters: the worker refuses to start
     if found is None:
         return
-    per_call = headers.get(policies.CALL_OPTIONS_HEADER) or {}
+    per_call = headers.get(messages.CALL_OPTIONS_HEADER) or {}
     policy = per_call.get("on_contention") or found[1].get("on_contention")
     if policy is None:
         policy = config.settings_for(app).on_contention
-    if policy == "park":
+    if policy == "park" and parking.SENT_HEADER not in headers:
         headers[parking.SENT_HEADER] = round(time.time() * 1000, 3)
+    unique_sender.bypassed(app, name, found[1], headers, body)

@@ -6,6 +6,9 @@ A small state machine::
       └───release_async()──> releasing ──settle()──┤
                                                └──> lost
 
+A unique job's run also ends its claim on the job's key (:mod:`celery_redislock.unique.run`):
+in the same script call as the lock where the lock can carry it.
+
 ``release()`` and ``settle()`` may be called from every exit path of a run,
 any number of times: the first one that finds something to do does it, the
 others find nothing left.  ``release_async()`` sends the release and leaves
@@ -19,11 +22,14 @@ The hold does not keep the run's request (the request keeps the hold, as
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import signals
 from ..exceptions import BackendUnavailable, LockError
 from ..primitives import Primitive, Release
+
+if TYPE_CHECKING:
+    from ..unique.run import UniqueRun
 
 __all__ = ["Hold"]
 
@@ -31,18 +37,20 @@ logger = logging.getLogger("celery_redislock")
 
 
 class Hold:
-    """One task run's hold: ``fence``, ``name``, ``key``, the primitive ``lock``, ``state``."""
+    """One task run's hold: ``fence``, ``name``, ``key``, the primitive ``lock``,
+    ``state``, and the run's claim on its unique key (``unique``, or None)."""
 
     HELD = "held"
     RELEASING = "releasing"
     RELEASED = "released"
     LOST = "lost"
 
-    __slots__ = ("_pending", "fence", "key", "lock", "name", "state", "task")
+    __slots__ = ("_pending", "fence", "key", "lock", "name", "state", "task", "unique")
 
-    def __init__(self, task: Any, lock: Primitive) -> None:
+    def __init__(self, task: Any, lock: Primitive, unique: Optional[UniqueRun] = None) -> None:
         self.task = task
         self.lock = lock
+        self.unique = unique
         self.name = lock.name
         self.key = lock.key
         self.fence = lock.fence
@@ -52,20 +60,29 @@ class Hold:
     def __repr__(self) -> str:
         return f"<Hold {self.key!r} fence={self.fence} {self.state}>"
 
-    def release(self, request: Any) -> None:
-        """Release now and wait for the outcome (a releasing hold is settled)."""
+    def release(self, request: Any, waits_again: bool = False) -> None:
+        """Release now and wait for the outcome (a releasing hold is settled).
+
+        ``waits_again``: the job goes back to wait (a retry, a requeue), so a
+        unique job keeps its key."""
         if self.state == self.RELEASING:
             self.settle(request)
             return
         if self.state != self.HELD:
             return
         self.state = self.RELEASING
+        unique = self.unique
+        if unique is not None and waits_again:
+            unique.wait_again(self.lock)
         try:
             self.lock.release()
         except (LockError, BackendUnavailable) as exc:
             self._end(request, exc)
         else:
             self._end(request, None)
+        finally:
+            if unique is not None:
+                unique.ended()
 
     def release_async(self, request: Any) -> None:
         """Send the release; :meth:`settle` learns how it went."""
@@ -76,6 +93,9 @@ class Hold:
             self._pending = self.lock.release_async()
         except BackendUnavailable as exc:
             self._end(request, exc)
+        finally:
+            if self.unique is not None:
+                self.unique.ended()
 
     def settle(self, request: Any) -> None:
         """Learn how a release sent by :meth:`release_async` went (once)."""

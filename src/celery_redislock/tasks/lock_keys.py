@@ -220,12 +220,21 @@ class KeySpec:
     """The ``lock_key`` of one task, checked against the task's signature."""
 
     def __init__(
-        self, task_name: str, run: Callable[..., Any], lock_key: Any, *, bound: bool = False
+        self,
+        task_name: str,
+        run: Callable[..., Any],
+        lock_key: Any,
+        *,
+        bound: bool = False,
+        option: str = "lock_key",
     ) -> None:
         """``bound``: ``run`` is a plain function whose first parameter is the task
-        (``bind=True``, or a class-based task's method), not a call argument."""
+        (``bind=True``, or a class-based task's method), not a call argument.
+        ``option``: the option the key comes from, as errors name it
+        (``lock_key`` or ``unique_key``)."""
         self.task_name = task_name
         self.lock_key = lock_key
+        self.option = option
         try:
             signature: Optional[inspect.Signature] = inspect.signature(run)
         except (TypeError, ValueError):
@@ -258,7 +267,9 @@ class KeySpec:
         self._check_params()
 
     def _error(self, what: str) -> ConfigurationError:
-        return ConfigurationError(f"task {self.task_name!r}: lock_key={self.lock_key!r} {what}")
+        return ConfigurationError(
+            f"task {self.task_name!r}: {self.option}={self.lock_key!r} {what}"
+        )
 
     def _compile_template(self, template: str) -> tuple[_Piece, ...]:
         """The template's literal text and fields; a field may only name a
@@ -329,7 +340,7 @@ class KeySpec:
             return (
                 value
                 if isinstance(value, str)
-                else self._canonical("the lock_key callable's result", value)
+                else self._canonical(f"the {self.option} callable's result", value)
             )
         arguments = self.bind(args, kwargs)
         missing = [p for p in self.params if p not in arguments]
@@ -370,10 +381,11 @@ class KeySpec:
         try:
             return canonical(value)
         except (TypeError, ValueError) as exc:
+            kind = "lock" if self.option == "lock_key" else "unique"
             raise ConfigurationError(
-                f"task {self.task_name!r}: cannot build a lock key from {what} = "
+                f"task {self.task_name!r}: cannot build a {kind} key from {what} = "
                 f"{_shown(value)}: {exc} (use values with one JSON form: JSON types, UUID, "
-                "Decimal, dates, or types with a kombu JSON hook; or a lock_key callable)"
+                f"Decimal, dates, or types with a kombu JSON hook; or a {self.option} callable)"
             ) from exc
 
 

@@ -14,6 +14,10 @@ after the result is stored: the lock is free at once, and the run does not
 wait for Redis to say so.  The tracer calls no ``after_return`` for RETRY,
 IGNORED and REJECTED, so those wait for their release.
 
+A unique job (``unique=...``, :mod:`celery_redislock.unique`) is checked as
+it is published (``apply_async``), and its run starts and ends its claim on
+the job's key in the same script calls as the lock.
+
 Per-run state lives on the request (``self.request.redislock``, the run's
 :class:`~celery_redislock.tasks.hold.Hold`), never on the task instance,
 which one worker process shares among its threads.
@@ -21,47 +25,33 @@ which one worker process shares among its threads.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
-from kombu.utils.imports import symbol_by_name
 
-from .. import _spelling, _validate, config, signals
-from ..exceptions import BackendUnavailable, ConfigurationError, LockContended
-from ..primitives import Primitive
-from ..primitives.tokens import new_token, process
-from . import parking, policies, startup, targets
+from .. import config
+from ..primitives import keys, unique
+from ..unique import publish
+from ..unique.policy import CALL_OPTIONS as UNIQUE_CALL_OPTIONS
+from . import entry, parking, startup, targets
 from .hold import Hold
 from .lock_keys import KeySpec
+from .messages import CALL_OPTIONS_HEADER, header, message_headers
+from .options import OPTIONS, check_call_options, check_option_names
+from .prepare import prepare
 
-__all__ = ["LockedTask", "prepare"]
+__all__ = ["LockedTask"]
 
 logger = logging.getLogger("celery_redislock")
 
 #: Outcomes the tracer does not call after_return for (RETRY, IGNORED, REJECTED).
 _NO_AFTER_RETURN = (Retry, Ignore, Reject)
-
-#: Options that shape which primitive guards a run (the same for every call).
-SHAPE_OPTIONS = ("lock_key", "lock_name", "semaphore", "concurrency_group", "lock_mode")
-
-#: Task option -> Settings field supplying its default (each may also be given per call).
-OPTIONS = {
-    "lock_ttl": "lock_ttl",
-    "lock_renew_interval": "renew_interval",
-    "on_contention": "on_contention",
-    "lock_retry_backoff": "lock_retry_backoff",
-    "lock_retry_backoff_max": "lock_retry_backoff_max",
-    "lock_retry_max": "lock_retry_max",
-    "lock_wait_timeout": "lock_wait_timeout",
-    "lock_wait_fallback": "lock_wait_fallback",
-    "lock_on_redis_error": "on_redis_error",
-}
+#: Set on the request the tracer pushed for a run, as the run takes its lock.
+_ENTERED = "_redislock_entered"
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -81,6 +71,11 @@ class LockedTask(Task):  # type: ignore[misc]
     (retry/skip/wait/fail/park), ``lock_retry_backoff``,
     ``lock_retry_backoff_max``, ``lock_retry_max``, ``lock_wait_timeout``,
     ``lock_wait_fallback``, ``lock_on_redis_error``.
+
+    Unique jobs (:mod:`celery_redislock.unique`): ``unique``
+    (``"until_started"``, ``"until_finished"``, ``"coalesce"``), ``unique_key``
+    (default: ``lock_key``), ``unique_ttl``, ``on_duplicate`` (``"return"``,
+    ``"raise"``, ``"replace"``), ``debounce``, ``throttle``.
     """
 
     Request = "celery_redislock.tasks.request:LockedRequest"
@@ -99,8 +94,17 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_wait_timeout: Optional[float] = None
     lock_wait_fallback: Optional[str] = None
     lock_on_redis_error: Optional[str] = None
+    unique: Optional[str] = None
+    unique_key: Any = None
+    unique_ttl: Optional[float] = None
+    on_duplicate: Optional[str] = None
+    debounce: Optional[float] = None
+    throttle: Optional[float] = None
 
     _redislock_keyspec: Optional[KeySpec] = None
+    _redislock_unique_keyspec: Optional[KeySpec] = None
+    #: Whether the class sets unique, debounce or throttle (set by prepare()).
+    _redislock_unique = False
     #: Whether the next __call__ after LockedTask's in the MRO is Task's own.
     _redislock_direct = True
 
@@ -110,8 +114,8 @@ class LockedTask(Task):  # type: ignore[misc]
         # runs before any run: bad options fail at definition, not mid-flight.
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name") or f"{cls.__module__}.{cls.__qualname__}"
-        _check_option_names(cls, name)
-        prepare(cls, name)
+        check_option_names(cls, name)
+        prepare(cls, name, LockedTask)
 
     @classmethod
     def bind(cls, app: Any) -> Any:
@@ -128,7 +132,7 @@ class LockedTask(Task):  # type: ignore[misc]
         (``apply_async(redislock={...})``), else the task attribute, else
         app.conf, else the default."""
         if request is not None:
-            overrides = policies.header(request, policies.CALL_OPTIONS_HEADER)
+            overrides = header(request, CALL_OPTIONS_HEADER)
             if overrides and option in overrides:
                 return overrides[option]
         value = getattr(self, option)
@@ -138,10 +142,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def lock_key_for(self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]) -> str:
         """The per-call part of the lock name ("" when there is one lock per task)."""
-        spec = self._redislock_keyspec
-        if spec is None:
-            spec = type(self)._redislock_keyspec = KeySpec(self.name, self.run, self.lock_key)
-        return spec.key(args or (), kwargs or {})
+        return self._keyspec().key(args or (), kwargs or {})
 
     def lock_name_for(self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]) -> str:
         """The name of the lock (or semaphore) one call with these arguments uses."""
@@ -153,18 +154,48 @@ class LockedTask(Task):  # type: ignore[misc]
         """(name, kind) of the primitive guarding a call; kind None, "sem" or "rw"."""
         return targets.target(self, args, kwargs)
 
+    # -- unique jobs -------------------------------------------------------------
+
+    def unique_key_for(self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]) -> str:
+        """The Redis key a call with these arguments holds as a unique job."""
+        name = publish.key_name(self.name, self._unique_part(args, kwargs))
+        return keys.unique_key(config.settings_for(self.app).key_prefix, name)
+
+    def unique_holder(self, *args: Any, **kwargs: Any) -> Optional[str]:
+        """The task id of the job holding the unique key of a call with these
+        arguments (waiting, or running under ``until_finished``), or None."""
+        key = self.unique_key_for(args, kwargs)
+        return unique.state(config.client_for(self.app), key).holder
+
+    def release_unique(self, *args: Any, **kwargs: Any) -> Optional[str]:
+        """Free the unique key of a call with these arguments (and its throttle
+        window), for operators; returns the task id that held it, or None.
+        A job the key superseded is still dropped when it reaches a worker."""
+        key = self.unique_key_for(args, kwargs)
+        return unique.drop(config.client_for(self.app), key)
+
     # -- publishing ------------------------------------------------------------
 
-    def apply_async(self, *args: Any, **options: Any) -> Any:
-        """Celery's ``apply_async``, plus ``redislock={"option": value, ...}``: lock
-        options for this call only (any of ``on_contention``, ``lock_ttl``,
-        ``lock_renew_interval``, ``lock_retry_backoff``, ``lock_retry_backoff_max``,
-        ``lock_retry_max``, ``lock_wait_timeout``, ``lock_wait_fallback``,
-        ``lock_on_redis_error``); they travel in the message."""
+    def apply_async(
+        self,
+        args: Optional[Sequence[Any]] = None,
+        kwargs: Optional[dict[str, Any]] = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``apply_async``, plus ``redislock={"option": value, ...}``: options
+        for this call only, which travel in the message: any of ``on_contention``,
+        ``lock_ttl``, ``lock_renew_interval``, ``lock_retry_backoff``,
+        ``lock_retry_backoff_max``, ``lock_retry_max``, ``lock_wait_timeout``,
+        ``lock_wait_fallback``, ``lock_on_redis_error``, and the unique-job options
+        ``unique``, ``unique_ttl``, ``on_duplicate``, ``debounce``, ``throttle``.
+
+        A unique job whose key is held sends nothing: it returns the AsyncResult
+        of the job holding the key (``on_duplicate="return"``) or raises
+        AlreadyQueued (``"raise"``)."""
         per_call = options.pop("redislock", None)
         headers = dict(options.get("headers") or {})
         if per_call:
-            headers[policies.CALL_OPTIONS_HEADER] = check_call_options(self.name, per_call)
+            per_call = headers[CALL_OPTIONS_HEADER] = check_call_options(self.name, per_call)
         policy = (per_call or {}).get("on_contention") or self.lock_option("on_contention")
         if policy == "park":
             # A parked run's place in line is its publish time (the order it
@@ -172,24 +203,62 @@ class LockedTask(Task):  # type: ignore[misc]
             headers.setdefault(parking.SENT_HEADER, round(time.time() * 1000, 3))
         if headers:
             options["headers"] = headers
-        return super().apply_async(*args, **options)
+        # A re-sent copy (a retry, a parked run) carries its per-call options
+        # in its headers.
+        per_call = per_call or headers.get(CALL_OPTIONS_HEADER)
+        if self._redislock_unique or (per_call and any(o in per_call for o in UNIQUE_CALL_OPTIONS)):
+            attributes = {o: getattr(self, o) for o in UNIQUE_CALL_OPTIONS}
+            pol = publish.policy_for(self.app, self.name, attributes, per_call or {})
+            if pol is not None:
+                part = self._unique_part(args, kwargs)
+
+                def send(opts: dict[str, Any]) -> Any:
+                    return super(LockedTask, self).apply_async(args, kwargs, **opts)
+
+                return publish.publish(
+                    self.app, self, self.name, pol, part, options, send, self.AsyncResult
+                )
+        return super().apply_async(args, kwargs, **options)
+
+    def _unique_part(self, args: Any, kwargs: Any) -> str:
+        """The per-call part of the unique key ("" for one key per task)."""
+        spec = self._redislock_unique_keyspec
+        if spec is None:
+            spec = type(self)._redislock_unique_keyspec = (
+                KeySpec(self.name, self.run, self.unique_key, option="unique_key")
+                if self.unique_key is not None
+                else self._keyspec()
+            )
+        return spec.key(args or (), kwargs or {})
+
+    def _keyspec(self) -> KeySpec:
+        spec = self._redislock_keyspec
+        if spec is None:
+            spec = type(self)._redislock_keyspec = KeySpec(self.name, self.run, self.lock_key)
+        return spec
 
     # -- lifecycle ------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request_stack.top
-        if request is None or request.called_directly:
+        if request is None or request.called_directly or getattr(request, _ENTERED, False):
             # A direct call task(...) is a plain function call in the caller's
-            # process: no message, no worker, and no lock.
+            # process: no message, no worker, and no lock.  So is a call made
+            # inside a run, of this task from its body or of an errback by
+            # Celery (both find the run's request on top of the stack).
             return super().__call__(*args, **kwargs)
-        hold = self._redislock_enter(request, args, kwargs)
+        setattr(request, _ENTERED, True)
+        hold = entry.enter(self, request, args, kwargs)
         if hold is None:  # Redis unreachable and lock_on_redis_error="run"
             return self._redislock_body(args, kwargs)
         try:
             result = self._redislock_body(args, kwargs)
         except Exception as exc:
             if isinstance(exc, _NO_AFTER_RETURN):
-                hold.release(request)  # no after_return to settle it
+                # No after_return to settle it.  A rejected message put back
+                # in the queue is the same job waiting again: it keeps its key.
+                requeued = isinstance(exc, Reject) and bool(getattr(exc, "requeue", False))
+                hold.release(request, waits_again=requeued)
             else:
                 hold.release_async(request)  # FAILURE: settled in after_return
             raise
@@ -223,244 +292,31 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         # Task.retry publishes the new message before raising; release first,
-        # or the retried run would find its own lock still held.
-        self._redislock_release_now()
-        return super().retry(*args, **kwargs)
+        # or the retried run would find its own lock still held.  The retry
+        # is the same job waiting again: a unique job keeps its key, and the
+        # copy carries every header of ours (a Celery that keeps custom
+        # headers only as request attributes would drop them).
+        request = self.request
+        hold = getattr(request, "redislock", None)
+        if isinstance(hold, Hold):
+            hold.release(request, waits_again=True)
+        if not request.called_directly:
+            kwargs["headers"] = {**message_headers(request), **(kwargs.get("headers") or {})}
+        try:
+            return super().retry(*args, **kwargs)
+        except Retry:
+            raise
+        except BaseException:
+            # No retry was sent (max_retries reached, or the send failed):
+            # the job ends here, and its key with it.
+            if isinstance(hold, Hold) and hold.unique is not None:
+                hold.unique.drop()
+            raise
 
     def replace(self, sig: Any) -> Any:
         # Same reason: the replacement may be this very task with these arguments.
-        self._redislock_release_now()
-        return super().replace(sig)
-
-    def _redislock_release_now(self) -> None:
         request = self.request
         hold = getattr(request, "redislock", None)
         if isinstance(hold, Hold):
             hold.release(request)
-
-    def _redislock_primitive(
-        self, request: Any, name: str, kind: Optional[str], owner: str
-    ) -> Primitive:
-        settings = config.settings_for(self.app)
-        prim = targets.build(
-            self,
-            name,
-            kind,
-            config.client_for(self.app),
-            settings.semaphores,
-            ttl=self.lock_option("lock_ttl", request),
-            prefix=settings.key_prefix,
-            renew_interval=self.lock_option("lock_renew_interval", request),
-            owner=owner,
-            fence_retention=settings.fence_retention,
-            wait_replicas=settings.wait_replicas,
-            wait_timeout_ms=settings.wait_timeout_ms,
-        )
-        prim.task = self  # type: ignore[attr-defined]  # for lock_lost receivers
-        return parking.configure(
-            prim, settings.park_reserve, parking.publisher(self.app, prim, kind)
-        )
-
-    def _redislock_enter(
-        self, request: Any, args: Sequence[Any], kwargs: dict[str, Any]
-    ) -> Optional[Hold]:
-        signals.connect()
-        name, kind = self.lock_target_for(args, kwargs)
-        prim = self._redislock_primitive(
-            request, name, kind, policies.owner_prefix(request.id, request.hostname, process.pid)
-        )
-        policy = policies.effective_policy(
-            self.lock_option("on_contention", request), bool(request.is_eager)
-        )
-        try:
-            if policy == "park":
-                acquired = self._redislock_park(request, prim, kind)
-            elif policy == "wait":
-                acquired = prim.acquire(timeout=self.lock_option("lock_wait_timeout", request))
-            else:
-                acquired = prim.acquire(blocking=False)
-        except BackendUnavailable as exc:
-            self._redislock_unreachable(request, name, exc)
-            return None
-        if not acquired:
-            policies.contended(self, request, prim, policy)
-        hold = Hold(self, prim)
-        request.redislock = hold
-        request.lock_fence = prim.fence
-        signals.lock_acquired.send(
-            sender=self, request=request, key=prim.key, name=name, fence=prim.fence
-        )
-        return hold
-
-    def _redislock_park(self, request: Any, prim: Primitive, kind: Optional[str]) -> bool:
-        headers = policies.message_headers(request)
-        token = headers.get(parking.PARK_HEADER)
-        claim = token is not None
-        if token is None:
-            token = new_token(policies.owner_prefix(request.id, "park", 0))
-            headers[parking.PARK_HEADER] = token
-        sig = self.signature_from_request(request, headers=headers)
-        payload = parking.encode(sig, self.serializer or self.app.conf.task_serializer)
-        order = headers.get(parking.SENT_HEADER)
-        status = parking.acquire_or_park(
-            prim, token, payload, claim=claim, order_ms=float(order) if order else None
-        )
-        parking.ensure_sweeper(self.app)
-        if status == "held":
-            return True
-        if status == "duplicate":
-            logger.warning(
-                "%s[%s]: a second delivery of a parked run that already ran; dropped",
-                self.name,
-                request.id,
-            )
-            raise Ignore("duplicate delivery of a parked run")
-        policies.parked(self, request, prim, kind)
-        return False  # pragma: no cover
-
-    def _redislock_unreachable(self, request: Any, name: str, exc: BackendUnavailable) -> None:
-        policy = self.lock_option("lock_on_redis_error", request)
-        logger.error(
-            "%s[%s]: lock store unreachable for %r (%s): %s",
-            self.name,
-            request.id,
-            name,
-            policy,
-            exc,
-        )
-        if policy == "run":
-            return
-        if policy == "retry" and not request.is_eager:
-            policies.retry_later(self, request, exc)
-        raise exc
-
-
-def prepare(cls: Any, name: str) -> None:
-    """Check a LockedTask class's options and derive what its runs need.
-
-    Runs for every subclass as Python creates it, and for a task class that
-    ``redislock_tasks`` makes a LockedTask as it binds to its app
-    (:mod:`celery_redislock.tasks.configured`).
-    """
-    if not issubclass(LockContended, cls.throws):
-        # A contention outcome (fail, skip, a wait that timed out) is an
-        # expected error: Celery logs it in one line, without a traceback.
-        cls.throws = (*cls.throws, LockContended)
-    after = cls.__mro__[cls.__mro__.index(LockedTask) + 1 :]
-    cls._redislock_direct = next(k for k in after if "__call__" in k.__dict__) is Task
-    _combine_request(cls, after)
-    for option, field in OPTIONS.items():
-        value = cls.__dict__.get(option)
-        if value is not None:
-            config.validate(field, value, f"task {name!r}: option {option}")
-    lock_name = cls.__dict__.get("lock_name")
-    if lock_name is not None:
-        _validate.check_name(lock_name, f"task {name!r}: option lock_name")
-    app = cls.__dict__.get("app") or cls.__dict__.get("_app")
-    # Check the group against an app that configures groups.  Celery copies
-    # shared tasks into every app created later; an app without any
-    # redislock_semaphores is left to fail at the first run instead.
-    groups = (
-        config.settings_for(app).semaphores
-        if (app is not None and cls.concurrency_group is not None)
-        else None
-    ) or None
-    targets.check_options(name, cls.semaphore, cls.concurrency_group, cls.lock_mode, groups)
-    if "after_return" in cls.__dict__ and not getattr(
-        cls.__dict__["after_return"], "_redislock_settles", False
-    ):
-        # A subclass's after_return may not call super(); the run's release
-        # is settled after it either way (settling twice does nothing).
-        cls.after_return = _settling(cls.__dict__["after_return"])
-    if "run" in cls.__dict__ or "lock_key" in cls.__dict__:
-        # Celery stores run as a staticmethod unless bind=True; a plain
-        # function (bind=True, or a class-based task) takes the task first.
-        raw = inspect.getattr_static(cls, "run")
-        bound = not isinstance(raw, staticmethod)
-        cls._redislock_keyspec = KeySpec(name, cls.run, cls.lock_key, bound=bound)
-
-
-#: Celery's own request class, as task classes name it.
-_CELERY_REQUEST = "celery.worker.request:Request"
-
-
-def _combine_request(cls: Any, after: Sequence[Any]) -> None:
-    """Keep a request class of the task's own base (or its own) with ours on top.
-
-    LockedTask's ``Request`` frees a killed child's lock in the worker's main
-    process.  A base class after LockedTask in the MRO, or the task itself,
-    may name a request class of its own: the task then gets a subclass of
-    both, so neither behaviour is lost.
-    """
-    own = cls.__dict__.get("Request")
-    theirs = (
-        own
-        if own is not None
-        else next((k.__dict__["Request"] for k in after if "Request" in k.__dict__), None)
-    )
-    if theirs is None or theirs in (_CELERY_REQUEST, LockedTask.Request):
-        if own is not None:
-            cls.Request = LockedTask.Request
-        return
-    theirs = symbol_by_name(theirs) if isinstance(theirs, str) else theirs
-    ours = symbol_by_name(LockedTask.Request)
-    if issubclass(theirs, ours):
-        return
-    cls.Request = type(f"Locked{theirs.__name__}", (ours, theirs), {"__module__": __name__})
-
-
-def _settling(after_return: Callable[..., Any]) -> Callable[..., Any]:
-    """``after_return`` of a LockedTask subclass, followed by the run's settle."""
-
-    @functools.wraps(after_return)
-    def wrapper(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return after_return(self, *args, **kwargs)
-        finally:
-            self._redislock_settle()
-
-    wrapper._redislock_settles = True  # type: ignore[attr-defined]
-    return wrapper
-
-
-def check_call_options(task_name: str, options: Any) -> dict[str, Any]:
-    """Validate the per-call options of one ``apply_async``; returns them as a dict."""
-    if not isinstance(options, dict):
-        raise ConfigurationError(
-            f"task {task_name!r}: redislock= must be a dict of options, got {options!r}"
-        )
-    for option, value in options.items():
-        field = OPTIONS.get(option)
-        if field is None:
-            raise ConfigurationError(
-                f"task {task_name!r}: redislock={{{option!r}: ...}} is not a per-call option"
-                + _spelling.suggestion(str(option), OPTIONS)
-            )
-        config.validate(field, value, f"task {task_name!r}: per-call option {option}")
-    return dict(options)
-
-
-def _check_option_names(cls: Any, task_name: str) -> None:
-    """Refuse an option that looks like one of ours but is not (``lock_keys``,
-    ``on_contension``): it would be ignored, silently."""
-    valid = (*SHAPE_OPTIONS, *OPTIONS)
-    for key, value in cls.__dict__.items():
-        if key.startswith("_") or key in valid or _defined_in_body(cls, value):
-            continue
-        looks_ours = key.startswith(("lock_", "redislock_")) or (
-            not any(key in k.__dict__ for k in Task.__mro__)  # (no getattr: some warn)
-            and _spelling.closest(key, valid, cutoff=0.8) is not None
-        )
-        if looks_ours:
-            raise ConfigurationError(
-                f"task {task_name!r}: unknown option {key}={value!r}"
-                + _spelling.suggestion(key, valid)
-            )
-
-
-def _defined_in_body(cls: Any, value: Any) -> bool:
-    """A method or property of a class-based task, not a decorator option."""
-    if isinstance(value, (staticmethod, classmethod, property)):
-        return True
-    qualname = getattr(value, "__qualname__", "")
-    return inspect.isfunction(value) and qualname.startswith(f"{cls.__qualname__}.")
+        return super().replace(sig)

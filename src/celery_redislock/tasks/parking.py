@@ -88,15 +88,17 @@ def acquire_or_park(
 ) -> str:
     """Take ``prim`` now, or leave ``payload`` parked in its FIFO queue under ``token``.
 
-    Returns ``"held"``, ``"parked"``, or ``"duplicate"`` when ``claim`` is
+    Returns ``"held"``, ``"parked"``, ``"duplicate"`` when ``claim`` is
     set and that parked token's run has already claimed it (a second
-    delivery of the same re-published task).  ``order_ms`` places a parked
-    entry in line (its publish time); default: arrival.  One round trip.
+    delivery of the same re-published task), or ``"superseded"`` when the
+    primitive carries a unique job's claim and a newer publish replaced that
+    job.  ``order_ms`` places a parked entry in line (its publish time);
+    default: arrival.  One round trip.
     """
     if prim.token is not None:
         raise LockError(f"{prim.kind} {prim.name!r} is already held by this object", prim.key)
     status = prim._attempt(token, 0, payload, claim, order_ms)
-    return {1: "held", 0: "parked", -1: "duplicate"}[status]
+    return {1: "held", 0: "parked", -1: "duplicate", -2: "superseded"}[status]
 
 
 #: The recovery script of each kind of primitive.

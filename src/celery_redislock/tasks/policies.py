@@ -16,16 +16,17 @@ from typing import Any, Optional
 from celery.exceptions import Ignore, Retry
 
 from .. import config, signals
-from ..exceptions import LockContended, TaskSkipped
+from ..exceptions import BackendUnavailable, LockContended, TaskSkipped
 from ..primitives import Primitive
 from . import parking
+from .messages import RETRIES_HEADER, header, message_headers
 
 __all__ = [
-    "CALL_OPTIONS_HEADER",
-    "RETRIES_HEADER",
+    "Parked",
     "backoff",
     "contended",
     "effective_policy",
+    "end_without_running",
     "holder_task_id",
     "owner_prefix",
     "parked",
@@ -34,11 +35,12 @@ __all__ = [
 
 logger = logging.getLogger("celery_redislock")
 
-#: Message header counting contention retries (separate from Celery's ``retries``,
-#: so contention never consumes the task's own ``max_retries``).
-RETRIES_HEADER = "redislock_retries"
-#: Message header carrying the per-call options (``apply_async(redislock={...})``).
-CALL_OPTIONS_HEADER = "redislock_options"
+
+class Parked(Ignore):  # type: ignore[misc]
+    """The run ended because its job goes on elsewhere: its message waits in
+    Redis (parked), or another delivery of it runs."""
+
+
 _SEP = "|"
 
 
@@ -74,9 +76,10 @@ def effective_policy(policy: str, is_eager: bool) -> str:
     """The policy that applies to one run.
 
     Eager runs (``apply()``, ``task_always_eager``) have no broker to re-send
-    to, so ``retry`` waits instead.
+    to, so ``retry`` and ``park`` wait instead (``park`` would leave the run
+    parked in Redis, with nobody to run it when it is handed over).
     """
-    if is_eager and policy == "retry":
+    if is_eager and policy in ("retry", "park"):
         return "wait"
     return policy
 
@@ -144,12 +147,19 @@ def skip(
     signals.task_skipped.send(
         sender=task, request=request, key=prim.key, name=prim.name, holder=holder
     )
+    end_without_running(task, request, exc)
+
+
+def end_without_running(task: Any, request: Any, exc: Exception) -> None:
+    """End a run whose body will not run, visibly: FAILURE with ``exc`` (never returns).
+
+    ``get()`` raises ``exc`` promptly.  No errbacks run (this is not an
+    error of the task); chained tasks are marked too and a chord counts the
+    part, so nothing downstream waits forever.  Ignore then stops the tracer
+    from storing anything else or running callbacks.  Eager runs raise ``exc``.
+    """
     if request.is_eager:
         raise exc
-    # FAILURE with TaskSkipped: get() raises promptly and names the holder.
-    # No errbacks (a skip is not an error); chained tasks are marked too, so
-    # nothing downstream waits forever.  Ignore then stops the tracer from
-    # storing anything else or running callbacks.
     value = getattr(request, "ignore_result", None)
     ignore_result = bool(task.ignore_result if value is None else value)
     task.backend.mark_as_failure(
@@ -196,9 +206,8 @@ def retry_later(
     headers[RETRIES_HEADER] = attempt + 1
     sig = task.signature_from_request(request, countdown=delay, headers=headers)
     sig.apply_async()  # if this fails, the run fails visibly with the error
-    raise Retry(
-        f"lock contended, retry {attempt + 1} in {delay:.2f}s", exc=reason, when=delay, sig=sig
-    )
+    why = "lock store unreachable" if isinstance(reason, BackendUnavailable) else "lock contended"
+    raise Retry(f"{why}, retry {attempt + 1} in {delay:.2f}s", exc=reason, when=delay, sig=sig)
 
 
 def parked(task: Any, request: Any, prim: Primitive, kind: Optional[str]) -> None:
@@ -206,24 +215,4 @@ def parked(task: Any, request: Any, prim: Primitive, kind: Optional[str]) -> Non
     parking.register(prim, kind, (prim.holder_ttl_ms or 0) + 50)
     holder = _announce(task, request, prim, "park")
     outcome(task, request, prim, "park", "parked until it is released")
-    raise Ignore(f"parked behind task {holder}")
-
-
-# -- message headers ---------------------------------------------------------------
-
-
-def header(request: Any, name: str) -> Any:
-    """A header of this run's message (Celery shows custom headers in
-    ``request.headers`` or as attributes of the request, depending on version)."""
-    value = (request.headers or {}).get(name)
-    return value if value is not None else getattr(request, name, None)
-
-
-def message_headers(request: Any) -> dict[str, Any]:
-    """The headers a re-sent copy of this run's message carries (ours included)."""
-    headers = dict(request.headers or {})
-    for name in (CALL_OPTIONS_HEADER, RETRIES_HEADER):
-        value = header(request, name)
-        if value is not None:
-            headers.setdefault(name, value)
-    return headers
+    raise Parked(f"parked behind task {holder}")

@@ -11,17 +11,19 @@ touches a lock someone else took since.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
 from .. import config
-from ..primitives import reap
+from ..primitives import keys, reap, unique
+from ..unique.run import claim_in
 from .parking import PARK_HEADER
 from .policies import owner_prefix
 
@@ -62,6 +64,20 @@ class LockedRequest(Request):  # type: ignore[misc]
     """The Request class of LockedTask (``Task.Request``), used in the main process."""
 
     _redislock_reaped = False
+    _redislock_dropped = False
+
+    def revoked(self) -> bool:
+        # A revoked (or expired) message is discarded here, in the main
+        # process, and never runs: a unique job's key goes with it.
+        found: bool = super().revoked()
+        if found and not self._redislock_dropped:
+            self._redislock_dropped = True
+            claim = claim_in(self._request_dict, self.id, False)
+            if claim is not None:
+                threading.Thread(
+                    target=_drop, args=(self.task.app, claim), daemon=True, name="redislock-drop"
+                ).start()
+        return found
 
     def terminate(self, pool: Any, signal: Any = None) -> None:
         # revoke(terminate=True): reap as soon as the child is dead, rather
@@ -100,15 +116,40 @@ class LockedRequest(Request):  # type: ignore[misc]
         owner = headers.get(PARK_HEADER) or (headers.get("headers") or {}).get(PARK_HEADER)
         if not owner:
             owner = owner_prefix(self.id, self.hostname, pid)
+        # The dead run's job ends with it, unless its message goes back to the
+        # queue (acks_late with task_reject_on_worker_lost): it then waits
+        # again, with its unique key.
+        requeued = bool(
+            task.acks_late and why == "WorkerLostError" and task.app.conf.task_reject_on_worker_lost
+        )
+        claim = claim_in(headers, self.id, bool(task.acks_late))
+        if claim is not None and requeued:
+            claim = dataclasses.replace(claim, waits_again=True)
         threading.Thread(
             target=_reap,
-            args=(task.app, name, kind, owner, pid, why, self.id),
+            args=(task.app, name, kind, owner, pid, why, self.id, claim),
             daemon=True,
             name="redislock-reap",
         ).start()
 
 
-def _reap(app: Any, name: str, kind: Any, owner: str, pid: int, why: str, task_id: str) -> None:
+def _drop(app: Any, claim: unique.Claim) -> None:
+    try:
+        unique.drop(config.client_for(app), claim.key, claim.job)
+    except Exception:
+        logger.exception("could not free unique key %s of revoked task %s", claim.key, claim.job)
+
+
+def _reap(
+    app: Any,
+    name: str,
+    kind: Any,
+    owner: str,
+    pid: int,
+    why: str,
+    task_id: str,
+    claim: Optional[unique.Claim] = None,
+) -> None:
     if not wait_dead(pid):
         logger.warning(
             "child %d of task %s is still alive; its lease will expire instead", pid, task_id
@@ -116,16 +157,30 @@ def _reap(app: Any, name: str, kind: Any, owner: str, pid: int, why: str, task_i
         return
     try:
         settings = config.settings_for(app)
+        client = config.client_for(app)
+        folded = claim is not None and unique.foldable(
+            client, claim.key, _lock_key(settings.key_prefix, name, kind)
+        )
         freed = reap(
-            config.client_for(app),
+            client,
             name,
             owner,
             prefix=settings.key_prefix,
             kind=kind,
             fence_retention=settings.fence_retention,
+            claim=claim if folded else None,
         )
+        if claim is not None and not folded:
+            unique.claim_step(client, claim, "end")
     except Exception:
         logger.exception("could not free lock %r of task %s (%s)", name, task_id, why)
         return
     if freed:
         logger.warning("freed lock %r of task %s, killed by %s", name, task_id, why)
+
+
+def _lock_key(prefix: str, name: str, kind: Any) -> str:
+    """The key holding the lease of primitive ``name`` (for its hash slot)."""
+    if kind is None:
+        return keys.lock_keys(prefix, name).lock
+    return keys.multi_keys(prefix, name, kind).holders

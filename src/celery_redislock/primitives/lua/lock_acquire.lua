@@ -15,18 +15,21 @@
 -- ARGV[9] '1' when the caller is the re-published run of a parked task
 -- ARGV[10] place in line of a parked task (its publish time, ms); '' = now
 -- ARGV[7..10] may be left out (not parking); ARGV[8] then defaults to 10000.
+-- KEYS[7], ARGV[11] the job's claim on its unique key (see _claim.lua), when
+-- the run has one: a grant starts it, a park keeps it; a superseded job is
+-- refused before anything is taken.
 -- Returns reply(): the fence (or {1, fence, '', now, pairs...} when parked tasks
 -- were granted too) when the caller holds the lock
 -- (also when it already did: a retried call whose reply was lost, or a grant
 -- made by a release while it waited; a new fence then), {0, holder's
 -- remaining lease ms, holder, now, pairs...} when it does not, {-1, ...} for a
--- duplicate parked run.
+-- duplicate parked run, {-2, 0, job, 0} for a job superseded by `job`.
 
 -- The common case first, before the helpers are defined: free, nobody in line
 -- (or in flight), and not the re-published run of a parked task.  The fence
 -- is written before the lock: a server that refuses SET ... GET (before
 -- Redis 6.2) fails the script before it has taken anything.
-if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
+if ARGV[9] ~= '1' and #KEYS == 6 and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
   local t = redis.call('TIME')
   local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', ARGV[6], 'GET')
@@ -40,7 +43,13 @@ if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
 end
 
 -- include: _lib
+-- include: _claim
 
+local C = claim_of(KEYS, ARGV, 6)
+if C and ARGV[9] ~= '1' then
+  local by = claim_superseded(C)
+  if by then return {-2, 0, by, 0} end
+end
 local token, ttl, wait, wake = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local grace, payload = tonumber(ARGV[5]), ARGV[7] or ''
 local order = tonumber(ARGV[10] or '')
@@ -48,6 +57,13 @@ local lock = KEYS[1]
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = wake, reserve = ARGV[8] or '10000', keep = ARGV[6]}
 local out = {}
+
+-- The caller holds the lock with fence `f`: its job's run starts.
+local function held(f, now)
+  if C then claim_start(C, ttl) end
+  return reply(1, f, '', now, out)
+end
+
 local front = parked_caller(Q, token, ARGV[9])
 if front == 'dup' then
   return reply(-1, 0, '', 0, out)
@@ -60,13 +76,13 @@ if holder == token then
   -- out is never lower than one handed out before it.
   redis.call('PEXPIRE', lock, ttl)
   redis.call('DEL', wake .. token)
-  return reply(1, next_fence(Q), '', 0, out)
+  return held(next_fence(Q), 0)
 end
 if not holder and redis.call('EXISTS', Q.queue, Q.inflight) == 0 then
   -- Free with nobody in line: the common case, taken without queueing.
   local f = next_fence(Q)
   redis.call('SET', lock, token, 'PX', ttl)
-  return reply(1, f, '', 0, out)
+  return held(f, 0)
 end
 local now = now_ms()
 requeue_lapsed(Q, now, 'x')
@@ -83,12 +99,12 @@ if not holder then
   if f then
     redis.call('PEXPIRE', lock, ttl)  -- a parked caller was granted its reservation
     redis.call('DEL', wake .. token)
-    return reply(1, f, '', now, out)
+    return held(f, now)
   end
   if can('x') then
     f = next_fence(Q)
     redis.call('SET', lock, token, 'PX', ttl)
-    return reply(1, f, '', now, out)
+    return held(f, now)
   end
   holder = redis.call('GET', lock)
 end
@@ -106,4 +122,5 @@ elseif payload ~= '' and not front then
   enqueue(Q, token, order, PARKED, Q.reserve, 'p', 'x', false)
   redis.call('HSET', Q.pmsg, token, payload)
 end
+if C and wait == 0 and payload ~= '' then claim_parked(C) end
 return reply(0, pttl, holder, now, out)

@@ -7,6 +7,8 @@
 --         the lock of a child it has killed), anything else for an exact match
 -- ARGV[5] reservation lease in ms for parked tasks granted by this call
 --         (ARGV[4] and ARGV[5] may be left out: exact match, 10000 ms)
+-- KEYS[7], ARGV[6] the job's claim on its unique key (see _claim.lua), when
+-- the run has one: its run ends, whether or not the lock was still held
 -- Returns 1 when released, {1, now, pairs...} when released and parked tasks
 -- were granted (pairs: token, payload, to re-publish), {0} when the caller is
 -- not the holder (nothing changed).
@@ -14,7 +16,7 @@
 -- The common cases first, before the helpers are defined, in as few calls
 -- as they take (a hand-over's latency is this script's running time): the
 -- caller's own lock, and nobody waiting or in flight ...
-if ARGV[4] ~= '1' and redis.call('GET', KEYS[1]) == ARGV[1] then
+if ARGV[4] ~= '1' and #KEYS == 6 and redis.call('GET', KEYS[1]) == ARGV[1] then
   local lines = redis.call('EXISTS', KEYS[3], KEYS[6])
   if lines == 0 then
     redis.call('DEL', KEYS[1])
@@ -53,22 +55,29 @@ if ARGV[4] ~= '1' and redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 
 -- include: _lib
+-- include: _claim
+
+local C = claim_of(KEYS, ARGV, 6)
+local function done(result)
+  if C then claim_end(C) end
+  return result
+end
 
 local lock = KEYS[1]
 local holder = redis.call('GET', lock)
 if not holder then
-  return {0}
+  return done({0})
 end
 if ARGV[4] == '1' then
   if string.sub(holder, 1, #ARGV[1]) ~= ARGV[1] then
-    return {0}
+    return done({0})
   end
 elseif holder ~= ARGV[1] then
-  return {0}
+  return done({0})
 end
 if redis.call('EXISTS', KEYS[3], KEYS[6]) == 0 then
   redis.call('DEL', lock)
-  return 1  -- nobody waiting, nothing parked in flight
+  return done(1)  -- nobody waiting, nothing parked in flight
 end
 local Q = {fence = KEYS[2], queue = KEYS[3], meta = KEYS[4], pmsg = KEYS[5],
            inflight = KEYS[6], wake = ARGV[2], reserve = ARGV[5] or '10000', keep = ARGV[3]}
@@ -82,4 +91,4 @@ serve(Q, now, false, can, grant, out)
 if can(nil) then
   redis.call('DEL', lock)
 end
-return released(now, out)
+return done(released(now, out))

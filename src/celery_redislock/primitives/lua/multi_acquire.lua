@@ -1,4 +1,5 @@
 -- include: _lib
+-- include: _claim
 -- Acquire a semaphore permit or a side of a read-write lock in one round
 -- trip, or take a place in the FIFO queue.
 -- KEYS[1] holders  KEYS[2] fence  KEYS[3] queue  KEYS[4] meta  KEYS[5] pmsg
@@ -11,13 +12,27 @@
 -- ARGV[10] place in line of a parked task (its publish time, ms); '' = now
 -- ARGV[11] mode: 's' semaphore, 'r' read, 'x' write
 -- ARGV[12] semaphore limit (mode 's'; stored for releases to use)
+-- KEYS[8], ARGV[#ARGV] the job's claim on its unique key, when the run has
+-- one (see _claim.lua and lock_acquire.lua)
 -- Returns reply() as lock_acquire.lua does; when contended the hint is the
 -- time until the earliest holder's lease runs out, the holder that holder.
+local C = claim_of(KEYS, ARGV, 7)
+if C and ARGV[9] ~= '1' then
+  local by = claim_superseded(C)
+  if by then return {-2, 0, by, 0} end
+end
 local token, ttl, wait = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local grace, payload, mode = tonumber(ARGV[5]), ARGV[7], ARGV[11]
 local order = tonumber(ARGV[10])
 local Q = multi(KEYS, ARGV[4], ARGV[8], ARGV[6])
 local out = {}
+
+-- The caller holds it with fence `f`: its job's run starts.
+local function held(f, now)
+  if C then claim_start(C, ttl) end
+  return reply(1, f, '', now, out)
+end
+
 local front = parked_caller(Q, token, ARGV[9])
 if front == 'dup' then
   return reply(-1, 0, '', 0, out)
@@ -30,7 +45,7 @@ if redis.call('ZSCORE', Q.holders, token) then
   local f = next_fence(Q)
   grant(token, ttl, mode, f)
   redis.call('DEL', Q.wake .. token)
-  return reply(1, f, '', now, out)
+  return held(f, now)
 end
 if mode == 's' then
   redis.call('HSET', Q.info, '!limit', ARGV[12])
@@ -49,12 +64,12 @@ if f then
   redis.call('ZADD', Q.holders, now + tonumber(ttl), token)
   keep_holders(Q, tonumber(ttl))
   redis.call('DEL', Q.wake .. token)
-  return reply(1, f, '', now, out)
+  return held(f, now)
 end
 if redis.call('ZCARD', Q.queue) == 0 and can(mode) then
   f = next_fence(Q)
   grant(token, ttl, mode, f)
-  return reply(1, f, '', now, out)
+  return held(f, now)
 end
 local first = redis.call('ZRANGE', Q.holders, 0, 0, 'WITHSCORES')
 local hint, holder = tonumber(ttl), ''
@@ -73,4 +88,5 @@ elseif payload ~= '' and not front then
   enqueue(Q, token, order, PARKED, Q.reserve, 'p', mode, false)
   redis.call('HSET', Q.pmsg, token, payload)
 end
+if C and wait == 0 and payload ~= '' then claim_parked(C) end
 return reply(0, hint, holder, now, out)

@@ -1,0 +1,201 @@
+"""How a LockedTask run takes its lock, before its body runs.
+
+:func:`enter` builds the run's primitive, applies the contention policy
+when it is held (:mod:`celery_redislock.tasks.policies`), and returns the
+run's :class:`~celery_redislock.tasks.hold.Hold`.  A unique job's run also
+starts its job's claim on its key in the same script call, and ends at
+once, visibly, when a newer publish superseded it or when it is a duplicate
+sent only to fail inside a canvas.
+
+A run that ends here without its body running (skipped, failed on
+contention, superseded) ends its job: the job's unique key goes with it.
+A run that is re-sent (a contention retry) or parked is the same job
+waiting on: it keeps its key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from celery.exceptions import Retry
+
+from .. import config, signals
+from ..exceptions import AlreadyQueued, BackendUnavailable, TaskSuperseded
+from ..primitives import Primitive
+from ..primitives.tokens import new_token, process
+from ..unique.run import UniqueRun, claim_in, duplicate_of
+from . import parking, policies, targets
+from .hold import Hold
+from .messages import header, message_headers
+
+__all__ = ["enter"]
+
+logger = logging.getLogger("celery_redislock")
+
+#: Outcomes of taking the lock after which the job goes on (re-sent, parked).
+_JOB_GOES_ON = (Retry, policies.Parked)
+
+
+def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[Hold]:
+    """Take the run's lock, or end the run as its policy says (by raising).
+
+    Returns the run's hold, or None when Redis is unreachable and
+    ``lock_on_redis_error="run"`` lets the body run without a lock.
+    """
+    signals.connect()
+    holder = duplicate_of(request)
+    if holder is not None:
+        exc = AlreadyQueued(
+            f"{task.name}[{request.id}]: a duplicate of queued task {holder} inside a "
+            "canvas; ended without running",
+            "",
+            holder,
+        )
+        policies.end_without_running(task, request, exc)
+    name, kind = task.lock_target_for(args, kwargs)
+    prim = primitive(task, request, name, kind)
+    run = _unique_run(task, request)
+    if run is not None:
+        run.attach(prim)
+    try:
+        if not _take(task, request, prim, kind, run):
+            return None
+    except _JOB_GOES_ON:
+        raise
+    except BaseException:
+        if run is not None and prim.superseded_by is None:
+            run.drop()  # the job ends here, before its body: its key goes
+        raise
+    if run is not None:
+        run.started(prim)
+    hold = Hold(task, prim, run)
+    request.redislock = hold
+    request.lock_fence = prim.fence
+    signals.lock_acquired.send(
+        sender=task, request=request, key=prim.key, name=name, fence=prim.fence
+    )
+    return hold
+
+
+def _take(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: Any) -> bool:
+    """Acquire ``prim`` as the run's policy says; False: unreachable, run anyway."""
+    policy = policies.effective_policy(
+        task.lock_option("on_contention", request), bool(request.is_eager)
+    )
+    # A re-published parked run claims the grant reserved for it first, and
+    # only then asks whether its job was superseded meanwhile (a grant left
+    # unclaimed would be re-published again and again).
+    parked_run = run is not None and header(request, parking.PARK_HEADER) is not None
+    try:
+        if run is not None and not parked_run:
+            prim.superseded_by = run.superseded(parked_run=False)
+        if prim.superseded_by is not None:
+            acquired = False
+        elif policy == "park":
+            acquired = _park(task, request, prim, kind, run)
+        elif policy == "wait":
+            acquired = prim.acquire(timeout=task.lock_option("lock_wait_timeout", request))
+        else:
+            acquired = prim.acquire(blocking=False)
+        if acquired and parked_run:
+            prim.superseded_by = run.superseded(parked_run=True)
+            if prim.superseded_by is not None:
+                prim.release()  # hands over to the next in line
+                acquired = False
+    except BackendUnavailable as exc:
+        _unreachable(task, request, prim.name, exc)
+        return False
+    if prim.superseded_by is not None:
+        _superseded(task, request, prim, run)
+    if not acquired:
+        policies.contended(task, request, prim, policy)
+    return True
+
+
+def primitive(task: Any, request: Any, name: str, kind: Optional[str]) -> Primitive:
+    """The primitive one run of ``task`` takes (a new one per run)."""
+    settings = config.settings_for(task.app)
+    prim = targets.build(
+        task,
+        name,
+        kind,
+        config.client_for(task.app),
+        settings.semaphores,
+        ttl=task.lock_option("lock_ttl", request),
+        prefix=settings.key_prefix,
+        renew_interval=task.lock_option("lock_renew_interval", request),
+        owner=policies.owner_prefix(request.id, request.hostname, process.pid),
+        fence_retention=settings.fence_retention,
+        wait_replicas=settings.wait_replicas,
+        wait_timeout_ms=settings.wait_timeout_ms,
+    )
+    prim.task = task  # type: ignore[attr-defined]  # for lock_lost receivers
+    return parking.configure(prim, settings.park_reserve, parking.publisher(task.app, prim, kind))
+
+
+def _unique_run(task: Any, request: Any) -> Optional[UniqueRun]:
+    """The run's claim on its job's unique key, when its message carries one."""
+    claim = claim_in(request, request.id, bool(task.acks_late))
+    if claim is None:
+        return None
+    return UniqueRun(config.client_for(task.app), claim)
+
+
+def _superseded(task: Any, request: Any, prim: Primitive, run: Any) -> None:
+    by = prim.superseded_by
+    key = run.claim.key if run is not None else ""
+    logger.info("%s[%s]: superseded by task %s (unique key %s)", task.name, request.id, by, key)
+    exc = TaskSuperseded(
+        f"{task.name}[{request.id}] superseded by task {by} (unique key {key!r})", key, by
+    )
+    policies.end_without_running(task, request, exc)
+
+
+def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: Any) -> bool:
+    headers = message_headers(request)
+    token = headers.get(parking.PARK_HEADER)
+    claim = token is not None
+    if token is None:
+        token = new_token(policies.owner_prefix(request.id, "park", 0))
+        headers[parking.PARK_HEADER] = token
+    sig = task.signature_from_request(request, headers=headers)
+    payload = parking.encode(sig, task.serializer or task.app.conf.task_serializer)
+    order = headers.get(parking.SENT_HEADER)
+    status = parking.acquire_or_park(
+        prim, token, payload, claim=claim, order_ms=float(order) if order else None
+    )
+    parking.ensure_sweeper(task.app)
+    if status == "held":
+        return True
+    if status == "superseded":
+        return False
+    if status == "duplicate":
+        logger.warning(
+            "%s[%s]: a second delivery of a parked run that already ran; dropped",
+            task.name,
+            request.id,
+        )
+        raise policies.Parked("duplicate delivery of a parked run")
+    if run is not None:
+        run.parked()
+    policies.parked(task, request, prim, kind)
+    return False  # pragma: no cover
+
+
+def _unreachable(task: Any, request: Any, name: str, exc: BackendUnavailable) -> None:
+    policy = task.lock_option("lock_on_redis_error", request)
+    logger.error(
+        "%s[%s]: lock store unreachable for %r (%s): %s",
+        task.name,
+        request.id,
+        name,
+        policy,
+        exc,
+    )
+    if policy == "run":
+        return
+    if policy == "retry" and not request.is_eager:
+        policies.retry_later(task, request, exc)
+    raise exc

@@ -1,0 +1,54 @@
+"""The worker step: checks the settings and the lock store as a worker starts.
+
+It runs before the worker takes any message: it refuses to start without a
+Redis lock store, or with ``redislock_tasks`` set while no
+:class:`~celery_redislock.ConfiguredLocks` is in ``task_annotations`` (its
+patterns would silently lock nothing); it logs which store it uses (without
+the password) and which tasks are locked, and warns about
+``redislock_tasks`` patterns that match no task.  A bootstep, not a signal
+handler: Celery logs and swallows what signal handlers raise, and a worker
+with a bad configuration must not start.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+
+from .. import config
+from . import configured
+from .task_rules import SETTING
+
+__all__ = ["WorkerStep"]
+
+logger = logging.getLogger("celery_redislock")
+
+
+class WorkerStep(bootsteps.Step):  # type: ignore[misc]
+    """Checks the settings and the lock store as the worker starts."""
+
+    name = "celery_redislock"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        app = worker.app
+        config.reset(app)  # read app.conf as it is now, after every override
+        settings = config.settings_for(app)
+        if settings.url is None:
+            raise config.no_store(app.conf)
+        configured.check_annotated(app)
+        _, source = config.store(app.conf)
+        logger.info(
+            "celery_redislock: lock store %s (from %s)",
+            config.describe_store(settings.url),
+            source,
+        )
+        for pattern in configured.unmatched(app):
+            logger.warning(
+                "celery_redislock: %s pattern %r matches no registered task (a typo?)",
+                SETTING,
+                pattern,
+            )
+        logger.info("celery_redislock: locked tasks: %s", configured.describe(app))
+        super().__init__(worker, **kwargs)
