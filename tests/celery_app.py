@@ -88,16 +88,6 @@ if os.environ.get("REDISLOCK_TEST_LOCK_URL"):
     # A worker whose lock store is elsewhere (e.g. a dead port) than its broker.
     app.conf.redislock_url = os.environ["REDISLOCK_TEST_LOCK_URL"]
 
-if os.environ.get("REDISLOCK_TEST_VISIBILITY"):
-    # A worker that restores unacknowledged messages of a dead worker soon:
-    # scanning for them at every idle poll, and never kept from it for long
-    # by a scan's mutex that a killed worker held.
-    app.conf.broker_transport_options = {
-        "visibility_timeout": float(os.environ["REDISLOCK_TEST_VISIBILITY"]),
-        "unacked_restore_throttle": 1,
-        "unacked_mutex_expire": 2,
-    }
-
 if os.environ.get("REDISLOCK_TEST_RESULT_CONF"):
     # A worker whose results are stored otherwise (compressed, another serializer).
     app.conf.update(json.loads(os.environ["REDISLOCK_TEST_RESULT_CONF"]))

@@ -5,8 +5,9 @@
 
 Starts ``celery -A tasks worker -P prefork -c 4`` as a subprocess, submits
 duplicates of each task in tasks.py, prints what ran, what was skipped (and
-which run held the lock), what was retried and which write the fencing token
-refused, then stops everything it started.
+which run held the lock), what was retried, which write the fencing token
+refused and which publishes of a unique job sent nothing, then stops
+everything it started.
 """
 
 from __future__ import annotations
@@ -187,6 +188,19 @@ def demo(tasks: Any, client: Any) -> None:
     for e in events(client):
         if e["event"] == "lock lost":
             print(f"  A's worker also reported lock_lost: {e['reason']}")
+
+    t0 = time.time()
+    print('\n4) refresh_feed: lock_key=["feed"], unique="until_finished"')
+    print('   5 x refresh_feed("news") at once, then once more after it has run')
+    results = [tasks.refresh_feed.delay("news") for _ in range(5)]
+    ids = {res.id for res in results}
+    print(f"  5 publishes, {len(ids)} job: every caller got [{short(results[0].id)}]")
+    print(f"  -> {results[0].get(timeout=30)}")
+    again = tasks.refresh_feed.delay("news")
+    print(f"  published again once it had run: a new job [{short(again.id)}] -> "
+          f"{again.get(timeout=30)}")  # fmt: skip
+    ran = [e for e in events(client) if e["event"] == "start" and e["task"] == "refresh_feed"]
+    print(f"  refresh_feed ran {len(ran)} times for 6 publishes")
 
 
 def main() -> None:

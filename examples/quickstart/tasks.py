@@ -1,4 +1,4 @@
-"""Quickstart tasks: three ways to use LockedTask.
+"""Quickstart tasks: four ways to use LockedTask.
 
 - ``sync_user(user_id)``: one lock per user; a duplicate comes back later
   (``on_contention="retry"``), so every sync runs, one at a time per user.
@@ -7,6 +7,9 @@
 - ``set_balance(account, balance)``: writes to a store that checks the lock's
   fencing token, so a holder that stalled past its lease cannot overwrite a
   newer holder's write.
+- ``refresh_feed(feed)``: a unique job (``unique="until_finished"``): while one
+  refresh of a feed waits or runs, publishing another sends nothing and
+  returns the one already queued.
 
 Every body and every contention appends a line to the Redis list
 ``quickstart:events`` (see ``note``), which run.py prints.
@@ -114,6 +117,17 @@ def set_balance(self, account: str, balance: int, stall: bool = False) -> str:
     outcome = f"written with fence {fence}" if ok else f"refused: fence {fence} < {newest}"
     note("end", task="set_balance", args=[account, balance], id=self.request.id, outcome=outcome)
     return f"balance {balance} {outcome}"
+
+
+# -- 4. a unique job: the same work is never queued twice ---------------------------
+
+
+@app.task(base=LockedTask, bind=True, lock_key=["feed"], unique="until_finished")
+def refresh_feed(self, feed: str) -> str:
+    note("start", task="refresh_feed", args=[feed], id=self.request.id)
+    time.sleep(0.5)
+    note("end", task="refresh_feed", args=[feed], id=self.request.id)
+    return f"feed {feed} refreshed"
 
 
 # -- what the lock did, from the library's signals ---------------------------------
