@@ -62,6 +62,16 @@ def p99(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals (start, end) that were open at one moment."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
 def split(total: int, parts: int) -> list[int]:
     """``total`` spread over ``parts`` batches as evenly as possible."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]

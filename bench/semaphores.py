@@ -70,7 +70,15 @@ from redis.connection import Connection
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "bench")) if p not in sys.path]
 
-from common import command_name, log, p99, private_server, split, time_cycles  # noqa: E402
+from common import (  # noqa: E402
+    command_name,
+    log,
+    p99,
+    peak_overlap,
+    private_server,
+    split,
+    time_cycles,
+)
 from ria_semaphore import RiASemaphore  # noqa: E402
 
 #: Lease of every semaphore, in seconds (ours renews it, RiA's prunes by it).
@@ -591,15 +599,6 @@ def race_report(port: int, race_s: float) -> None:
 
 
 # -- 2 and 3. real workers ------------------------------------------------------------
-
-
-def peak_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    peak = cur = 0
-    for _, d in events:
-        cur += d
-        peak = max(peak, cur)
-    return peak
 
 
 def inversions(seqs: list[int]) -> int:

@@ -73,7 +73,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Optional
 
 import redis
-from common import log, private_server, split
+from common import log, peak_overlap, private_server, split
 
 #: Databases of the private server.
 LOCK_DB, BROKER_DB = 0, 1
@@ -939,15 +939,6 @@ def race_processes(plan: Plan, producers: int, timeout: float) -> list[Any]:
             p.terminate()
             p.join()
     return results
-
-
-def peak_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    peak = current = 0
-    for _, step in events:
-        current += step
-        peak = max(peak, current)
-    return peak
 
 
 def race(rows: list[Result], queue: Queue, mode: str, keys: int, producers: int) -> None:

@@ -62,6 +62,12 @@ def capp(redis_base: str) -> ModuleType:
 
 
 @pytest.fixture(scope="session")
+def uapp(capp: ModuleType) -> ModuleType:
+    """``tests.unique_app``: tests.celery_app's app with the unique-job tasks."""
+    return importlib.import_module("tests.unique_app")
+
+
+@pytest.fixture(scope="session")
 def rec(redis_base: str) -> Iterator[redis.Redis]:
     """Client on db 3, where task bodies and worker signal receivers record."""
     client = redis.Redis.from_url(f"{redis_base}/3")

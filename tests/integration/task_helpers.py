@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from celery_redislock import config
-from celery_redislock.primitives import keys
+from celery_redislock.primitives import Lock, keys
 from tests.helpers import wait_until
 from tests.workers import Worker
 
@@ -211,3 +211,18 @@ def lock_key(task: Any, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, A
     """The Redis key of the lock that ``task`` takes for these arguments."""
     name = task.lock_name_for(args, kwargs or {})
     return keys.lock_keys(config.settings_for(task.app).key_prefix, name).lock
+
+
+@contextlib.contextmanager
+def held(
+    locks: redis.Redis, task: Any, args: tuple[Any, ...], on_handoff: Any = None
+) -> Iterator[Lock]:
+    """The lock ``task`` takes for ``args``, held by the test meanwhile; its
+    release hands over as a task's would when given ``on_handoff``."""
+    lock = Lock(locks, task.lock_name_for(args, {}), ttl=30)
+    lock.on_handoff = on_handoff
+    assert lock.acquire(blocking=False)
+    try:
+        yield lock
+    finally:
+        lock.release()

@@ -8,7 +8,6 @@ store are counted client-side, by a counting client in place of the app's.
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Iterator
@@ -19,11 +18,18 @@ import pytest
 import redis
 from celery import chain, chord, group
 
-from celery_redislock import AlreadyQueued, Lock, TaskSuperseded, config, signals
+from celery_redislock import AlreadyQueued, TaskSuperseded, config, signals
 from celery_redislock.primitives import keys
 from celery_redislock.tasks import parking
 from tests.helpers import counting_client, intervals, peak_overlap, wait_until
-from tests.integration.task_helpers import runs, start_worker, uniq, wait_runs, wait_started
+from tests.integration.task_helpers import (
+    held,
+    runs,
+    uniq,
+    wait_runs,
+    wait_started,
+    worker_fixture,
+)
 from tests.workers import Worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
@@ -32,16 +38,7 @@ pytestmark = [pytest.mark.worker, pytest.mark.slow]
 NOBODY = "redislock-nobody"
 
 
-@pytest.fixture(scope="module")
-def uapp(capp: ModuleType) -> ModuleType:
-    return importlib.import_module("tests.unique_app")
-
-
-@pytest.fixture(scope="module")
-def worker(redis_base: str, capp: ModuleType, uapp: ModuleType) -> Iterator[Worker]:
-    w = start_worker(redis_base, "unique", app="tests.unique_app", warm=capp)
-    yield w
-    w.stop()
+worker = worker_fixture("unique", app="tests.unique_app")
 
 
 @pytest.fixture
@@ -185,17 +182,14 @@ def test_a_parked_job_superseded_meanwhile_gives_its_turn_to_the_next(
 ) -> None:
     job, tag = uniq("reppark"), uniq("reppark")
     task = uapp.replacing_park
-    blocker = Lock(locks, task.lock_name_for((job, tag), {}), ttl=30)
-    blocker.on_handoff = parking.publisher(task.app)  # as a task's release re-publishes
-    assert blocker.acquire(blocking=False)
-    try:
+    # The test's release re-publishes the parked run as a task's would.
+    with held(locks, task, (job, tag), parking.publisher(task.app)) as blocker:
         old = task.delay(job, tag, 0.0, 1)
         wait_until(lambda: "parked until it is released" in worker.output(), 10, what="a park")
         new = task.delay(job, tag, 0.0, 2)
         assert new.id != old.id
         time.sleep(0.3)  # the new one parks too, behind the old one
-    finally:
-        blocker.release()  # hands over to the old one, which is superseded
+    # Handed over to the old one, which is superseded, and so to the new one.
     with pytest.raises(TaskSuperseded):
         old.get(timeout=10)
     new.get(timeout=10)

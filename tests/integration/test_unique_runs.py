@@ -8,9 +8,7 @@ key is free.
 
 from __future__ import annotations
 
-import importlib
 import time
-from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -19,24 +17,22 @@ from celery.exceptions import MaxRetriesExceededError
 from kombu import Connection
 
 from celery_redislock import LockContended
-from celery_redislock.primitives import Lock
 from tests.helpers import wait_until
-from tests.integration.task_helpers import runs, start_worker, uniq, wait_runs, wait_started
+from tests.integration.task_helpers import (
+    held,
+    runs,
+    start_worker,
+    uniq,
+    wait_runs,
+    wait_started,
+    worker_fixture,
+)
 from tests.workers import Worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def uapp(capp: ModuleType) -> ModuleType:
-    return importlib.import_module("tests.unique_app")
-
-
-@pytest.fixture(scope="module")
-def worker(redis_base: str, capp: ModuleType, uapp: ModuleType) -> Iterator[Worker]:
-    w = start_worker(redis_base, "uruns", app="tests.unique_app", warm=capp)
-    yield w
-    w.stop()
+worker = worker_fixture("uruns", app="tests.unique_app")
 
 
 def free(task: object, *args: object) -> bool:
@@ -74,16 +70,12 @@ def test_contention_retries_keep_the_key_for_the_same_job(
     worker: Worker, uapp: ModuleType, rec: redis.Redis, locks: redis.Redis
 ) -> None:
     job, tag = uniq("cont"), uniq("cont")
-    blocker = Lock(locks, uapp.finished.lock_name_for((job, tag), {}), ttl=30)
-    assert blocker.acquire(blocking=False)
-    try:
+    with held(locks, uapp.finished, (job, tag)):
         result = uapp.finished.delay(job, tag, 0.0)
         wait_until(
             lambda: "lock contended, retry 2" in worker.output(), 10, what="two contention retries"
         )
         assert uapp.finished.delay(job, tag, 0.0).id == result.id
-    finally:
-        blocker.release()
     result.get(timeout=10)
     assert [r["id"] for r in runs(rec, tag)] == [result.id]
     wait_until(lambda: free(uapp.finished, job, tag), 5, what="the key to go")
@@ -95,9 +87,7 @@ def test_a_per_call_unique_job_keeps_its_key_through_contention_retries(
     """lt.retry is no unique job; one call makes it one, for its retries too."""
     job, tag = uniq("pcall"), uniq("pcall")
     options = {"redislock": {"unique": "until_finished"}}
-    blocker = Lock(locks, capp.lt_retry.lock_name_for((job, tag), {}), ttl=30)
-    assert blocker.acquire(blocking=False)
-    try:
+    with held(locks, capp.lt_retry, (job, tag)):
         result = capp.lt_retry.apply_async((job, tag, 0.0), **options)
         wait_until(
             lambda: f"{result.id}]: lock" in worker.output() and "retry 2" in worker.output(),
@@ -106,8 +96,6 @@ def test_a_per_call_unique_job_keeps_its_key_through_contention_retries(
         )
         assert capp.lt_retry.apply_async((job, tag, 0.0), **options).id == result.id
         assert capp.lt_retry.apply_async((job, tag, 0.0)).id != result.id  # not unique
-    finally:
-        blocker.release()
     result.get(timeout=10)
     assert result.id in [r["id"] for r in runs(rec, tag)]
 
@@ -127,16 +115,12 @@ def test_a_skipped_or_failed_run_ends_its_job_and_frees_its_key(
     worker: Worker, uapp: ModuleType, rec: redis.Redis, locks: redis.Redis
 ) -> None:
     job, tag = uniq("skip"), uniq("skip")
-    blocker = Lock(locks, uapp.finished.lock_name_for((job, tag), {}), ttl=30)
-    assert blocker.acquire(blocking=False)
-    try:
+    with held(locks, uapp.finished, (job, tag)):
         for policy in ("skip", "fail"):
             result = uapp.finished.apply_async((job, tag, 0.0), redislock={"on_contention": policy})
             with pytest.raises(LockContended):  # TaskSkipped is one too
                 result.get(timeout=10)
             assert free(uapp.finished, job, tag), policy
-    finally:
-        blocker.release()
     assert runs(rec, tag) == []
 
 
