@@ -277,10 +277,55 @@ def lt_stubborn(job: str, tag: str, duration: float = 10.0):
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _last_arg(*args: object, **kwargs: object) -> str:
+    return str(args[-1])
+
+
+@app.task(name="lt.self_errback", base=LockedTask, on_contention="fail", lock_key=_last_arg)
+def lt_self_errback(*args: object) -> dict:
+    """Sent as ``(tag,)``: fails.  Linked as its own errback (``link_error=
+    lt_self_errback.s(tag)``), Celery calls it in-process as a new-style errback,
+    ``(request, exc, traceback, tag)``, after the failure is stored, while the
+    failed run's request is still on the task's stack (bind=False: Celery sends
+    a bound task's errback as a message instead)."""
+    if len(args) == 1:
+        probe(str(args[0]), kind="body")
+        raise ValueError(f"boom {args[0]}")
+    request, exc, _traceback, tag = args
+    return probe(str(tag), kind="errback", failed=getattr(request, "id", None), exc=repr(exc))
+
+
+@app.task(name="lt.self_call", base=LockedTask, on_contention="fail", lock_key=["tag", "depth"])
+def lt_self_call(tag: str, depth: int) -> list:
+    """Calls itself directly (``lt_self_call(...)``, a plain function call in this
+    process) ``depth`` levels deep; returns what each level saw of the request."""
+    from celery import current_task
+
+    req = current_task.request
+    hold = getattr(req, "redislock", None)
+    seen = [
+        {
+            "depth": depth,
+            "id": req.id,
+            "called_directly": req.called_directly,
+            "fence": getattr(req, "lock_fence", None),
+            "hold_fence": getattr(hold, "fence", None),
+            "pid": os.getpid(),
+            # What a retry from this level would send as headers.
+            "headers": sorted(
+                current_task.signature_from_request(req).options.get("headers") or {}
+            ),
+        }
+    ]
+    if depth:
+        seen += lt_self_call(tag, depth - 1)
+    return seen
+
+
 # Receivers: what the worker's signals saw, per lock name / task id, on db 3.
 
 #: Tasks whose task_postrun records whether their lock key still exists.
-POSTRUN_TASKS = {"lt.outcome", "lt.bound", "lt.forgetful"}
+POSTRUN_TASKS = {"lt.outcome", "lt.bound", "lt.forgetful", "lt.self_errback", "lt.self_call"}
 
 
 def _connect_receivers() -> None:

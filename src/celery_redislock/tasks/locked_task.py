@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -50,8 +51,17 @@ logger = logging.getLogger("celery_redislock")
 
 #: Outcomes the tracer does not call after_return for (RETRY, IGNORED, REJECTED).
 _NO_AFTER_RETURN = (Retry, Ignore, Reject)
-#: Set on the request the tracer pushed for a run, as the run takes its lock.
-_ENTERED = "_redislock_entered"
+#: The requests whose traced call has begun, and the copies Celery pushes for
+#: direct calls made under one of them.  A call that finds one of these on top
+#: of its task's request stack is not the tracer's call for a run but a direct
+#: call inside it: the body calling its own task, or Celery calling a
+#: new-style errback of the same task in-process after the body failed
+#: (celery/backends/base.py, _call_task_errbacks).  Kept out of the request
+#: itself: Celery copies a request's attributes into the request it pushes for
+#: a direct call (Task.push_request), and from there into headers a retry sends.
+_CALLED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: What a run keeps on its request; never a header of a message.
+_RUN_ATTRIBUTES = ("redislock", "lock_fence")
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -241,13 +251,13 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request_stack.top
-        if request is None or request.called_directly or getattr(request, _ENTERED, False):
+        if request is None or request.called_directly or request in _CALLED:
             # A direct call task(...) is a plain function call in the caller's
             # process: no message, no worker, and no lock.  So is a call made
-            # inside a run, of this task from its body or of an errback by
-            # Celery (both find the run's request on top of the stack).
+            # while a run of this task is under way in this thread: the run's
+            # own lock covers it.
             return super().__call__(*args, **kwargs)
-        setattr(request, _ENTERED, True)
+        _CALLED.add(request)
         hold = entry.enter(self, request, args, kwargs)
         if hold is None:  # Redis unreachable and lock_on_redis_error="run"
             return self._redislock_body(args, kwargs)
@@ -267,6 +277,22 @@ class LockedTask(Task):  # type: ignore[misc]
             raise
         hold.release_async(request)  # SUCCESS: settled in after_return
         return result
+
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        # Celery's Task.__call__ pushes a copy of the current request for a
+        # direct call (recent Celery releases: id and called_directly=False
+        # included).  Under a run's request the copy is a direct call's too,
+        # and so is any call made under it; and what the run keeps on its
+        # request must not become a header of the copy, which a retry or a
+        # replace from inside the direct call would send.
+        outer = self.request_stack.top
+        super().push_request(*args, **kwargs)
+        if outer is not None and outer in _CALLED:
+            copy = self.request_stack.top
+            _CALLED.add(copy)
+            headers = getattr(copy, "headers", None)
+            if isinstance(headers, dict) and any(a in headers for a in _RUN_ATTRIBUTES):
+                copy.headers = {k: v for k, v in headers.items() if k not in _RUN_ATTRIBUTES}
 
     def _redislock_body(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         if self._redislock_direct:

@@ -27,6 +27,19 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('PEXPIRE', KEYS[1], string.format('%.0f', last - now))
   return {1}
 end
+-- ... and a duplicate of a live job, refused as it stands.
+if ARGV[4] ~= '1' and ARGV[6] ~= '1' and ARGV[5] == '0' and ARGV[2] ~= '-' then
+  local h = redis.call('HMGET', KEYS[1], 'q', 'qd', 'r', 'rd')
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if h[1] and h[1] ~= ARGV[1] and tonumber(h[2]) >= now then
+    return {0, h[1], string.format('%.0f', tonumber(h[2]) - now)}
+  end
+  if ARGV[2] == 'f' and h[3] and h[3] ~= ARGV[1] and tonumber(h[4]) >= now
+     and not (h[1] == ARGV[1] and tonumber(h[2]) >= now) then
+    return {0, h[3], string.format('%.0f', tonumber(h[4]) - now)}
+  end
+end
 
 -- include: _claim
 local key, job, mode, hold = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
