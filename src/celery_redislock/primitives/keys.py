@@ -109,27 +109,29 @@ class MultiKeys(NamedTuple):
         ]
 
 
-def _queue_keys(base: str) -> dict[str, str]:
-    """The keys every primitive has: fence, FIFO queue, parked tasks, wake lists."""
-    return {
-        "fence": f"{base}:fence",
-        "queue": f"{base}:queue",
-        "meta": f"{base}:qmeta",
-        "pmsg": f"{base}:parked",
-        "inflight": f"{base}:inflight",
-        "wake": f"{base}:wake:",
-    }
+def _queue_keys(base: str) -> tuple[str, str, str, str, str, str]:
+    """The keys every primitive has: fence, FIFO queue (queue, meta), parked
+    tasks (pmsg, inflight), wake lists; a tuple, as a task builds them per run."""
+    return (
+        f"{base}:fence",
+        f"{base}:queue",
+        f"{base}:qmeta",
+        f"{base}:parked",
+        f"{base}:inflight",
+        f"{base}:wake:",
+    )
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:
     base = tag(prefix, name)
-    return LockKeys(lock=f"{base}:lock", **_queue_keys(base))
+    return LockKeys(f"{base}:lock", *_queue_keys(base))
 
 
 def multi_keys(prefix: str, name: str, kind: str) -> MultiKeys:
     """Keys of semaphore (``kind="sem"``) or read-write lock (``kind="rw"``) ``name``."""
     base = f"{tag(prefix, name)}:{kind}"
-    return MultiKeys(holders=f"{base}:holders", info=f"{base}:info", **_queue_keys(base))
+    fence, queue, meta, pmsg, inflight, wake = _queue_keys(base)
+    return MultiKeys(f"{base}:holders", fence, queue, meta, pmsg, inflight, f"{base}:info", wake)
 
 
 def unique_key(prefix: str, name: str) -> str:

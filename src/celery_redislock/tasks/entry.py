@@ -28,7 +28,7 @@ from ..primitives.tokens import new_token, process
 from ..unique.run import UniqueRun, claim_in, duplicate_of
 from . import parking, policies, targets
 from .hold import Hold
-from .messages import header, message_headers
+from .messages import CALL_OPTIONS_HEADER, header, message_headers
 
 __all__ = ["enter"]
 
@@ -55,12 +55,17 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
         )
         policies.end_without_running(task, request, exc)
     name, kind = task.lock_target_for(args, kwargs)
-    prim = primitive(task, request, name, kind)
+    # Once per run: the app (a class property), its settings, and the run's
+    # per-call options (a message header), for every option read below.
+    app = task.app
+    settings = config.settings_for(app)
+    overrides = header(request, CALL_OPTIONS_HEADER)
+    prim = primitive(task, request, name, kind, app, settings, overrides)
     run = _unique_run(task, request)
     if run is not None:
         run.attach(prim)
     try:
-        if not _take(task, request, prim, kind, run):
+        if not _take(task, request, prim, kind, run, settings, overrides):
             return None
     except _JOB_GOES_ON:
         raise
@@ -73,16 +78,25 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
     hold = Hold(task, prim, run)
     request.redislock = hold
     request.lock_fence = prim.fence
-    signals.lock_acquired.send(
-        sender=task, request=request, key=prim.key, name=name, fence=prim.fence
-    )
+    if signals.lock_acquired.receivers:  # (else send() does nothing: skip its arguments)
+        signals.lock_acquired.send(
+            sender=task, request=request, key=prim.key, name=name, fence=prim.fence
+        )
     return hold
 
 
-def _take(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: Any) -> bool:
+def _take(
+    task: Any,
+    request: Any,
+    prim: Primitive,
+    kind: Optional[str],
+    run: Any,
+    settings: config.Settings,
+    overrides: Any,
+) -> bool:
     """Acquire ``prim`` as the run's policy says; False: unreachable, run anyway."""
     policy = policies.effective_policy(
-        task.lock_option("on_contention", request), bool(request.is_eager)
+        task._redislock_option("on_contention", overrides, settings), bool(request.is_eager)
     )
     # A re-published parked run claims the grant reserved for it first, and
     # only then asks whether its job was superseded meanwhile (a grant left
@@ -96,7 +110,8 @@ def _take(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
         elif policy == "park":
             acquired = _park(task, request, prim, kind, run)
         elif policy == "wait":
-            acquired = prim.acquire(timeout=task.lock_option("lock_wait_timeout", request))
+            timeout = task._redislock_option("lock_wait_timeout", overrides, settings)
+            acquired = prim.acquire(timeout=timeout)
         else:
             acquired = prim.acquire(blocking=False)
         if acquired and parked_run:
@@ -114,25 +129,32 @@ def _take(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
     return True
 
 
-def primitive(task: Any, request: Any, name: str, kind: Optional[str]) -> Primitive:
+def primitive(
+    task: Any,
+    request: Any,
+    name: str,
+    kind: Optional[str],
+    app: Any,
+    settings: config.Settings,
+    overrides: Any,
+) -> Primitive:
     """The primitive one run of ``task`` takes (a new one per run)."""
-    settings = config.settings_for(task.app)
     prim = targets.build(
         task,
         name,
         kind,
-        config.client_for(task.app),
+        config.client_for(app),
         settings.semaphores,
-        ttl=task.lock_option("lock_ttl", request),
+        ttl=task._redislock_option("lock_ttl", overrides, settings),
         prefix=settings.key_prefix,
-        renew_interval=task.lock_option("lock_renew_interval", request),
+        renew_interval=task._redislock_option("lock_renew_interval", overrides, settings),
         owner=policies.owner_prefix(request.id, request.hostname, process.pid),
         fence_retention=settings.fence_retention,
         wait_replicas=settings.wait_replicas,
         wait_timeout_ms=settings.wait_timeout_ms,
     )
     prim.task = task  # type: ignore[attr-defined]  # for lock_lost receivers
-    return parking.configure(prim, settings.park_reserve, parking.publisher(task.app, prim, kind))
+    return parking.configure(prim, settings.park_reserve, parking.publisher(app, prim, kind))
 
 
 def _unique_run(task: Any, request: Any) -> Optional[UniqueRun]:

@@ -128,6 +128,7 @@ class Hold:
                 exc,
             )
             return
-        signals.lock_released.send(
-            sender=self.task, request=request, key=self.key, name=self.name, fence=self.fence
-        )
+        if signals.lock_released.receivers:  # (else send() does nothing: skip its arguments)
+            signals.lock_released.send(
+                sender=self.task, request=request, key=self.key, name=self.name, fence=self.fence
+            )

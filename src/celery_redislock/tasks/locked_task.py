@@ -141,13 +141,23 @@ class LockedTask(Task):  # type: ignore[misc]
         """The effective value of ``option`` for a run: the run's per-call option
         (``apply_async(redislock={...})``), else the task attribute, else
         app.conf, else the default."""
+        overrides = None
         if request is not None:
             overrides = header(request, CALL_OPTIONS_HEADER)
-            if overrides and option in overrides:
-                return overrides[option]
+        return self._redislock_option(option, overrides)
+
+    def _redislock_option(
+        self, option: str, overrides: Any, settings: Optional[config.Settings] = None
+    ) -> Any:
+        """:meth:`lock_option`, given the run's per-call options (and the app's
+        settings) already looked up: a run reads several options."""
+        if overrides and option in overrides:
+            return overrides[option]
         value = getattr(self, option)
         if value is None:
-            value = getattr(config.settings_for(self.app), OPTIONS[option])
+            if settings is None:
+                settings = config.settings_for(self.app)
+            value = getattr(settings, OPTIONS[option])
         return value
 
     def lock_key_for(self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]) -> str:
