@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_redislock.primitives.tokens import new_token
-from celery_redislock.tasks.policies import backoff, effective_policy, holder_task_id, owner_prefix
+from celery_redislock.tasks.owners import holder_task_id, owner_prefix, parse_owner
+from celery_redislock.tasks.policies import backoff, effective_policy
 
 
 class Fixed:
@@ -60,12 +61,27 @@ def test_backoff_spreads_duplicates() -> None:
 @pytest.mark.parametrize("hostname", ["celery@worker-1", "", None, "w@h.example.com"])
 @pytest.mark.parametrize("task_id", ["d6a1be3e-bd40-4047-92a9-6b1712cc7c6e", "custom-id"])
 def test_owner_prefix_round_trips_the_task_id(task_id: str, hostname: str) -> None:
-    prefix = owner_prefix(task_id, hostname, 4321)
-    assert prefix == f"{task_id}|{hostname or ''}|4321|"
+    prefix = owner_prefix(task_id, hostname, 4321, "proj.sync")
+    assert prefix == f"{task_id}|{hostname or ''}|4321|proj.sync|"
     token = new_token(prefix)
     assert token.startswith(prefix) and len(token) > len(prefix)
     assert holder_task_id(token) == task_id
     assert holder_task_id(prefix) == task_id
+    assert parse_owner(token) == (task_id, "proj.sync", hostname or None, 4321, False)
+
+
+@pytest.mark.parametrize(
+    ("token", "owner"),
+    [
+        ("t1|park|0|proj.sync|ab12", ("t1", "proj.sync", None, None, True)),
+        ("t1|w@h|7|a|b|ab12", ("t1", "a|b", "w@h", 7, False)),  # a name with the separator
+        ("t1|w@h|7|ab12", ("t1", None, "w@h", 7, False)),  # no task name (older tokens)
+        ("plain-owner-token", (None, None, None, None, False)),
+        ("a|b|not-a-pid|c|d", (None, None, None, None, False)),
+    ],
+)
+def test_parse_owner_reads_what_a_token_says(token: str, owner: tuple[object, ...]) -> None:
+    assert parse_owner(token) == owner
 
 
 def test_owner_prefixes_of_different_runs_do_not_prefix_each_other() -> None:

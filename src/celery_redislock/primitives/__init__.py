@@ -10,7 +10,7 @@ validators.  Never Celery.
 
 from ._base import Primitive, Release
 from ._keeper import add_lost_listener, keeper, remove_lost_listener
-from .lock import Lock, reap
+from .lock import Lock, bump_fence, reap, release_token
 from .rwlock import ReadWriteLock
 from .semaphore import Semaphore
 
@@ -21,7 +21,9 @@ __all__ = [
     "Release",
     "Semaphore",
     "add_lost_listener",
+    "bump_fence",
     "keeper",
     "reap",
+    "release_token",
     "remove_lost_listener",
 ]

@@ -21,7 +21,9 @@ __all__ = [
     "MultiKeys",
     "digest",
     "lock_keys",
+    "lock_keys_at",
     "multi_keys",
+    "multi_keys_at",
     "tag",
     "unique_key",
 ]
@@ -123,13 +125,22 @@ def _queue_keys(base: str) -> tuple[str, str, str, str, str, str]:
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:
-    base = tag(prefix, name)
+    return lock_keys_at(tag(prefix, name))
+
+
+def lock_keys_at(base: str) -> LockKeys:
+    """Keys of the mutex whose tagged base (see :func:`tag`) is ``base``."""
     return LockKeys(f"{base}:lock", *_queue_keys(base))
 
 
 def multi_keys(prefix: str, name: str, kind: str) -> MultiKeys:
     """Keys of semaphore (``kind="sem"``) or read-write lock (``kind="rw"``) ``name``."""
-    base = f"{tag(prefix, name)}:{kind}"
+    return multi_keys_at(tag(prefix, name), kind)
+
+
+def multi_keys_at(base: str, kind: str) -> MultiKeys:
+    """Keys of the semaphore or read-write lock whose tagged base is ``base``."""
+    base = f"{base}:{kind}"
     fence, queue, meta, pmsg, inflight, wake = _queue_keys(base)
     return MultiKeys(f"{base}:holders", fence, queue, meta, pmsg, inflight, f"{base}:info", wake)
 

@@ -9,17 +9,18 @@ from . import _scripts, keys
 from ._base import (
     DEFAULT_FENCE_RETENTION,
     DEFAULT_RESERVE_MS,
+    Handoff,
     Primitive,
     decode,
     to_ms,
     unreachable,
 )
-from .keys import LockKeys
+from .keys import LockKeys, MultiKeys
 
 if TYPE_CHECKING:
     from .unique import Claim
 
-__all__ = ["Lock", "reap"]
+__all__ = ["Lock", "bump_fence", "reap", "release_token"]
 
 
 class Lock(Primitive):
@@ -92,21 +93,60 @@ def reap(
     Lock; "sem" or "rw" a Semaphore or ReadWriteLock.  ``claim``: the dead
     run's claim on its unique key, ended in the same call (the caller checks
     it can be, :func:`~celery_redislock.primitives.unique.foldable`).  One
-    round trip.
+    round trip.  Parked runs it grants are re-published when their
+    reservation lapses.
     """
-    if kind is None:
-        k: Any = keys.lock_keys(prefix, name)
+    base = keys.tag(prefix, name)
+    k = keys.lock_keys_at(base) if kind is None else keys.multi_keys_at(base, kind)
+    released, _ = release_token(
+        client, k, owner, prefix_match=True, fence_retention=fence_retention, claim=claim
+    )
+    return released
+
+
+def release_token(
+    client: Any,
+    k: LockKeys | MultiKeys,
+    token: str,
+    *,
+    prefix_match: bool = False,
+    fence_retention: float = DEFAULT_FENCE_RETENTION,
+    reserve_ms: int = DEFAULT_RESERVE_MS,
+    claim: Optional[Claim] = None,
+) -> tuple[bool, list[Handoff]]:
+    """Release the hold of ``token`` (of every token it starts, with
+    ``prefix_match``) on the primitive whose keys are ``k``, as its holder
+    would: the next in line is served.  Returns whether a hold was released,
+    and the parked runs granted, to re-publish.  One round trip."""
+    if isinstance(k, LockKeys):
         script, key = _scripts.get("lock_release"), k.lock
     else:
-        k = keys.multi_keys(prefix, name, kind)
         script, key = _scripts.get("multi_release"), k.holders
     block_keys = list(k.script_keys) + ([claim.key] if claim is not None else [])
     block = transport.KeyBlock(block_keys, transport.encoding_of(client))
+    args = [token, k.wake, to_ms(fence_retention), 1 if prefix_match else 0, reserve_ms]
+    if claim is not None:
+        args.append(claim.arg())
     try:
-        args = [owner, k.wake, to_ms(fence_retention), 1, DEFAULT_RESERVE_MS]
-        if claim is not None:
-            args.append(claim.arg())
         reply = transport.call(client, script, block, args)
     except transport.UNREACHABLE as exc:
-        raise unreachable("reap", key, exc) from exc
-    return reply == 1 or bool(int(reply[0]))
+        raise unreachable("release", key, exc) from exc
+    if reply == 1:
+        return True, []
+    items = reply[2:]
+    handoffs = [(decode(items[i]), items[i + 1]) for i in range(0, len(items) - 1, 2)]
+    return bool(int(reply[0])), handoffs
+
+
+def bump_fence(
+    client: Any, fence_key: str, fence_retention: float = DEFAULT_FENCE_RETENTION
+) -> int:
+    """Raise a name's fence past every grant so far, granting nothing; the new
+    fence.  After an operator frees a name, the old holder's fence is below
+    every later one, so a fenced store refuses its writes.  One round trip."""
+    block = transport.KeyBlock([fence_key], transport.encoding_of(client))
+    try:
+        script = _scripts.get("fence_bump")
+        return int(transport.call(client, script, block, [to_ms(fence_retention)]))
+    except transport.UNREACHABLE as exc:
+        raise unreachable("release", fence_key, exc) from exc

@@ -29,6 +29,7 @@ from ..unique.run import UniqueRun, claim_in, duplicate_of
 from . import parking, policies, targets
 from .hold import Hold
 from .messages import CALL_OPTIONS_HEADER, header, message_headers
+from .owners import PARKED_HOST, owner_prefix
 
 __all__ = ["enter"]
 
@@ -148,7 +149,7 @@ def primitive(
         ttl=task._redislock_option("lock_ttl", overrides, settings),
         prefix=settings.key_prefix,
         renew_interval=task._redislock_option("lock_renew_interval", overrides, settings),
-        owner=policies.owner_prefix(request.id, request.hostname, process.pid),
+        owner=owner_prefix(request.id, request.hostname, process.pid, task.name),
         fence_retention=settings.fence_retention,
         wait_replicas=settings.wait_replicas,
         wait_timeout_ms=settings.wait_timeout_ms,
@@ -180,7 +181,7 @@ def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
     token = headers.get(parking.PARK_HEADER)
     claim = token is not None
     if token is None:
-        token = new_token(policies.owner_prefix(request.id, "park", 0))
+        token = new_token(owner_prefix(request.id, PARKED_HOST, 0, task.name))
         headers[parking.PARK_HEADER] = token
     sig = task.signature_from_request(request, headers=headers)
     payload = parking.encode(sig, task.serializer or task.app.conf.task_serializer)

@@ -20,6 +20,7 @@ from ..exceptions import BackendUnavailable, LockContended, TaskSkipped
 from ..primitives import Primitive
 from . import parking
 from .messages import RETRIES_HEADER, header, message_headers
+from .owners import holder_task_id
 
 __all__ = [
     "Parked",
@@ -27,8 +28,6 @@ __all__ = [
     "contended",
     "effective_policy",
     "end_without_running",
-    "holder_task_id",
-    "owner_prefix",
     "parked",
     "retry_later",
 ]
@@ -39,25 +38,6 @@ logger = logging.getLogger("celery_redislock")
 class Parked(Ignore):  # type: ignore[misc]
     """The run ended because its job goes on elsewhere: its message waits in
     Redis (parked), or another delivery of it runs."""
-
-
-_SEP = "|"
-
-
-def owner_prefix(task_id: str, hostname: Optional[str], pid: int) -> str:
-    """The owner-token prefix of one task run: task id, worker hostname and pid.
-
-    The worker's main process rebuilds it from its own Request to reap the
-    lock of a child it killed (hard time limit, revoke with terminate).
-    """
-    return f"{task_id}{_SEP}{hostname or ''}{_SEP}{pid}{_SEP}"
-
-
-def holder_task_id(token: Optional[str]) -> Optional[str]:
-    """The task id inside an owner token (or the whole token of a non-task holder)."""
-    if token is None:
-        return None
-    return token.split(_SEP, 1)[0] if _SEP in token else token
 
 
 def backoff(attempt: int, base: float, cap: float, rand: Optional[random.Random] = None) -> float:

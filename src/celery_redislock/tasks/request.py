@@ -24,8 +24,8 @@ from celery.worker.request import Request
 from .. import config
 from ..primitives import keys, reap, unique
 from ..unique.run import claim_in
+from .owners import owner_prefix
 from .parking import PARK_HEADER
-from .policies import owner_prefix
 
 __all__ = ["LockedRequest", "wait_dead"]
 
@@ -115,7 +115,7 @@ class LockedRequest(Request):  # type: ignore[misc]
         headers = self._request_dict
         owner = headers.get(PARK_HEADER) or (headers.get("headers") or {}).get(PARK_HEADER)
         if not owner:
-            owner = owner_prefix(self.id, self.hostname, pid)
+            owner = owner_prefix(self.id, self.hostname, pid, task.name)
         # The dead run's job ends with it, unless its message goes back to the
         # queue (acks_late with task_reject_on_worker_lost): it then waits
         # again, with its unique key.

@@ -1,0 +1,160 @@
+"""Clearing what is stuck: free a name with its fence raised; drop or re-publish a parked run.
+
+Freeing goes through the holder's own release script, with the token the
+operator was shown, so it frees exactly that hold (never one taken since)
+and serves the next in line as the holder's release would.  The fence is
+raised first, so every grant after it, and the raised fence itself, is
+above the old holder's: a fenced store refuses the old holder's writes, its
+renewal finds the lease gone, and its own release raises ``LockLost``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Optional
+
+from .. import transport
+from ..primitives import _scripts as scripts
+from ..primitives import bump_fence, keys, release_token
+from ..primitives import unique as unique_keys
+from ..tasks import parking
+from .entries import Entry, Holder, Kind, ParkedRun
+from .reading import details, read, scan, text
+
+__all__ = ["Dropped", "Released", "drop_parked", "keys_of", "release", "republish"]
+
+#: Re-publishes parked runs a release granted: ``(token, payload)`` pairs.
+Republisher = Callable[[list[tuple[str, bytes]]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Released:
+    """What :func:`release` did: the holds it freed, and the name's new fence
+    (None for a unique key, which has none)."""
+
+    kind: Kind
+    name: str
+    fence: Optional[int]
+    freed: tuple[Holder, ...]
+    unique_job: Optional[str] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "name": self.name,
+            "fence": self.fence,
+            "freed": [h.as_dict() for h in self.freed],
+            "unique_job": self.unique_job,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropped:
+    """A parked run taken out of its line; ``payload`` is its message."""
+
+    run: ParkedRun
+    payload: bytes
+
+
+def keys_of(entry: Entry) -> Any:
+    if entry.kind is Kind.LOCK:
+        return keys.lock_keys_at(entry.key)
+    return keys.multi_keys_at(entry.key, "sem" if entry.kind is Kind.SEMAPHORE else "rw")
+
+
+def release(
+    client: Any,
+    entry: Entry,
+    *,
+    holder: Optional[str] = None,
+    fence_retention: float,
+    reserve_ms: int,
+    republish: Optional[Republisher] = None,
+) -> Released:
+    """Free ``entry``'s holds (only the one whose token or task id is
+    ``holder``, when given) and raise its fence; a unique key is let go."""
+    if entry.kind is Kind.UNIQUE:
+        job = unique_keys.drop(client, f"{entry.key}:unique")
+        return Released(entry.kind, entry.name, None, (), job)
+    k = keys_of(entry)
+    chosen = [h for h in entry.holders if holder is None or holder in (h.token, h.task_id)]
+    fence = bump_fence(client, k.fence, fence_retention)
+    freed = []
+    for h in chosen:
+        done, granted = release_token(
+            client, k, h.token, fence_retention=fence_retention, reserve_ms=reserve_ms
+        )
+        if done:
+            freed.append(h)
+        if granted and republish is not None:
+            republish(granted)
+        # Without a republisher, a granted parked run is re-published by a
+        # worker's sweeper once its reservation lapses.
+    return Released(entry.kind, entry.name, fence, tuple(freed))
+
+
+def _parked_in(client: Any, prefix: str, run_id: str) -> Optional[Entry]:
+    """The entry whose line holds parked run ``run_id``: the recovery index's
+    names first, then every name with parked runs (SCAN)."""
+    members = client.zrange(parking.index_key(prefix), 0, -1)
+    candidates: list[tuple[str, Kind]] = []
+    kinds = {"lock": Kind.LOCK, "sem": Kind.SEMAPHORE, "rw": Kind.RWLOCK}
+    for member in members:
+        kind, _, name = text(member).partition(":")
+        if kind in kinds:
+            base = keys.tag(prefix, name)
+            candidates.append((base[len(prefix) + 2 : -1], kinds[kind]))
+    found = scan(client, prefix)
+    candidates += [nk for nk, parts in found.items() if "pmsg" in parts]
+    for entry in read(client, prefix, dict.fromkeys(candidates)):
+        if entry.kind is not Kind.UNIQUE and client.hexists(keys_of(entry).pmsg, run_id):
+            return entry
+    return None
+
+
+def drop_parked(
+    client: Any,
+    prefix: str,
+    run_id: str,
+    *,
+    fence_retention: float,
+    reserve_ms: int,
+    republish: Optional[Republisher] = None,
+) -> Optional[Dropped]:
+    """Take parked run ``run_id`` out of its line; None when no line holds it.
+
+    A run already granted (in flight) held the primitive under its token:
+    that hold is released, serving the next in line.
+    """
+    entry = _parked_in(client, prefix, run_id)
+    if entry is None:
+        return None
+    _waiters, runs = details(client, prefix, entry)
+    run = next((r for r in runs if r.id == run_id), None)
+    k = keys_of(entry)
+    block = transport.KeyBlock([k.queue, k.meta, k.pmsg, k.inflight], transport.encoding_of(client))
+    reply = transport.call(client, scripts.get("park_drop"), block, [run_id])
+    if not reply:
+        return None  # claimed by its run meanwhile
+    payload, flying = reply[0], int(reply[1])
+    if flying:
+        _, granted = release_token(
+            client, k, run_id, fence_retention=fence_retention, reserve_ms=reserve_ms
+        )
+        if granted and republish is not None:
+            republish(granted)
+    if run is None:  # (claimed and parked again between the two reads)
+        run = ParkedRun(run_id, entry.name, entry.kind, None, None, None, None, bool(flying))
+    return Dropped(run, payload if isinstance(payload, bytes) else payload.encode())
+
+
+def republish(app: Any, dropped: Dropped) -> str:
+    """Publish a dropped parked run's message again, as a new contender: its
+    parked token is taken off (so it contends for the lock afresh and parks
+    again, in its old place, if the lock is still held).  Returns the task id."""
+    sig = parking.decode(dropped.payload)
+    headers = (sig.get("options") or {}).get("headers") or {}
+    headers.pop(parking.PARK_HEADER, None)
+    result = app.signature(sig).apply_async()
+    return str(result.id)

@@ -1,0 +1,260 @@
+"""Reading what the library keeps in Redis: SCAN for the names, then pipelined reads.
+
+Every key of a name shares the hash-tagged base ``prefix:{name}`` (see
+:mod:`celery_redislock.primitives.keys`), so one SCAN with a MATCH on
+``prefix:{*`` finds every name of every kind, however many unrelated keys
+the server holds, without KEYS.  The reads of a batch of names then go in
+one pipeline (one round trip per batch), with the server's TIME, so that
+every remaining lease and age is counted on the server's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
+
+from ..primitives import keys
+from ..tasks.owners import parse_owner
+from .entries import Entry, Holder, Kind, ParkedRun, UniqueJobs, Waiter
+
+__all__ = ["BATCH", "base_of", "details", "find", "read", "scan"]
+
+#: Names read per pipeline.
+BATCH = 500
+#: Keys SCAN looks at per call.
+SCAN_COUNT = 2000
+
+#: What the part of a key after its hash tag says: (kind, part).
+_LOCK_PARTS = {
+    "lock": "hold",
+    "fence": "fence",
+    "queue": "queue",
+    "qmeta": "meta",
+    "parked": "pmsg",
+    "inflight": "inflight",
+}
+_MULTI = {"sem": Kind.SEMAPHORE, "rw": Kind.RWLOCK}
+_MULTI_PARTS = {**_LOCK_PARTS, "holders": "hold", "info": "info"}
+#: Parts whose presence means the name is in use (a fence alone is history).
+_LIVE = {"hold", "queue", "pmsg", "inflight", "unique"}
+_MODE = {"x": "write", "s": "permit", "r": "read"}
+
+
+def text(value: Any) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+def base_of(prefix: str, name: str) -> str:
+    """The tagged base of ``name``; a ``#<digest>`` name as listed is taken as it is."""
+    if name.startswith("#") and len(name) == 33 and all(c in "0123456789abcdef" for c in name[1:]):
+        return f"{prefix}:{{{name}}}"
+    return keys.tag(prefix, name)
+
+
+def parse(prefix: str, key: str) -> Optional[tuple[str, Kind, str]]:
+    """``(name, kind, part)`` of one of the library's keys, or None."""
+    head = f"{prefix}:{{"
+    if not key.startswith(head):
+        return None
+    end = key.find("}", len(head))
+    if end < 0:
+        return None
+    name, rest = key[len(head) : end], key[end + 2 :]
+    if key[end + 1 : end + 2] != ":":
+        return None
+    if rest == "unique":
+        return name, Kind.UNIQUE, "unique"
+    part = _LOCK_PARTS.get(rest)
+    if part is not None:
+        return name, Kind.LOCK, part
+    infix, _, sub = rest.partition(":")
+    kind = _MULTI.get(infix)
+    if kind is not None and sub in _MULTI_PARTS:
+        return name, kind, _MULTI_PARTS[sub]
+    return None  # wake lists, and keys of later versions
+
+
+def scan(client: Any, prefix: str, pattern: str = "*") -> dict[tuple[str, Kind], set[str]]:
+    """Every (name, kind) in use under ``prefix`` whose name matches the glob
+    ``pattern``, with the parts found (SCAN, never KEYS)."""
+    match = f"{_glob_escape(prefix)}:{{{pattern}}}:*"
+    found: dict[tuple[str, Kind], set[str]] = {}
+    for raw in client.scan_iter(match=match, count=SCAN_COUNT):
+        parsed = parse(prefix, text(raw))
+        if parsed is not None:
+            name, kind, part = parsed
+            found.setdefault((name, kind), set()).add(part)
+    return {k: parts for k, parts in found.items() if parts & _LIVE}
+
+
+def _queue_reads(pipe: Any, k: Any) -> None:
+    pipe.get(k.fence)
+    pipe.zcard(k.queue)
+    pipe.hlen(k.pmsg)
+    pipe.zcard(k.inflight)
+
+
+def _reads(pipe: Any, prefix: str, name: str, kind: Kind) -> None:
+    """Queue the reads of one entry on ``pipe``; :func:`_entry` reads their replies."""
+    base = base_of(prefix, name)
+    if kind is Kind.UNIQUE:
+        pipe.hmget(f"{base}:unique", "q", "qd", "r", "rd", "ti", "t")
+    elif kind is Kind.LOCK:
+        k = keys.lock_keys_at(base)
+        pipe.get(k.lock)
+        pipe.pttl(k.lock)
+        _queue_reads(pipe, k)
+    else:
+        m = keys.multi_keys_at(base, "sem" if kind is Kind.SEMAPHORE else "rw")
+        pipe.zrange(m.holders, 0, -1, withscores=True)
+        pipe.hgetall(m.info)
+        _queue_reads(pipe, m)
+        if kind is Kind.RWLOCK:
+            pipe.hvals(m.meta)
+
+
+_WIDTH = {Kind.UNIQUE: 1, Kind.LOCK: 6, Kind.SEMAPHORE: 6, Kind.RWLOCK: 7}
+
+
+def _int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def _entry(prefix: str, name: str, kind: Kind, r: list[Any], now_ms: int, now_us: int) -> Entry:
+    base = base_of(prefix, name)
+    if kind is Kind.UNIQUE:
+        h = r[0]
+        jobs: list[Any] = []
+        for i in (0, 2, 4):
+            job, until = h[i], h[i + 1]
+            live = job is not None and until is not None and int(until) >= now_ms
+            jobs += [text(job), int(until) - now_ms] if live else [None, 0]
+        return Entry(kind, name, base, unique=UniqueJobs(*jobs))
+    if kind is Kind.LOCK:
+        token, pttl, fence, queued, pmsg, inflight = r
+        fence = _int(fence)
+        holders: tuple[Holder, ...] = ()
+        if token is not None:
+            ttl = int(pttl) if int(pttl) >= 0 else None
+            holders = (Holder.of(text(token), "exclusive", fence, ttl, now_us),)
+        return Entry(kind, name, base, holders, fence, None, *_lines(queued, pmsg, inflight))
+    members, info, fence, queued, pmsg, inflight = r[:6]
+    info = {text(k): text(v) for k, v in info.items()}
+    writer = info.get("!writer")
+    out = []
+    for member, score in members:
+        token = text(member)
+        if int(score) < now_ms:
+            continue  # lapsed: the next script call on the name drops it
+        mode = "permit" if kind is Kind.SEMAPHORE else ("write" if token == writer else "read")
+        out.append(Holder.of(token, mode, _int(info.get(token)), int(score) - now_ms, now_us))
+    limit = int(info.get("!limit", "1")) if kind is Kind.SEMAPHORE else None
+    waiters, parked = _lines(queued, pmsg, inflight)
+    writers = 0
+    if kind is Kind.RWLOCK:
+        writers = sum(1 for m in r[6] if text(m).rsplit(":", 1)[-1] == "x")
+    return Entry(kind, name, base, tuple(out), _int(fence), limit, waiters, parked, writers)
+
+
+def _lines(queued: Any, pmsg: Any, inflight: Any) -> tuple[int, int]:
+    """(blocked waiters, parked runs): the line holds both; a parked run's
+    payload is kept until its run claims it, in flight too."""
+    parked_in_line = int(pmsg) - int(inflight)
+    return max(0, int(queued) - parked_in_line), int(pmsg)
+
+
+def _now(client: Any) -> tuple[int, int]:
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000, int(sec) * 1_000_000 + int(usec)
+
+
+def read(client: Any, prefix: str, names: Iterable[tuple[str, Kind]]) -> Iterator[Entry]:
+    """The entries of ``names``, one pipeline per :data:`BATCH` of them."""
+    todo = list(names)
+    for start in range(0, len(todo), BATCH):
+        batch = todo[start : start + BATCH]
+        now_ms, now_us = _now(client)
+        pipe = client.pipeline(transaction=False)
+        for name, kind in batch:
+            _reads(pipe, prefix, name, kind)
+        replies = pipe.execute()
+        i = 0
+        for name, kind in batch:
+            width = _WIDTH[kind]
+            yield _entry(prefix, name, kind, replies[i : i + width], now_ms, now_us)
+            i += width
+
+
+def find(client: Any, prefix: str, name: str) -> list[tuple[str, Kind]]:
+    """The kinds ``name`` is in use as (one pipeline of EXISTS)."""
+    base = base_of(prefix, name)
+    probes: dict[Kind, Any] = {
+        Kind.LOCK: keys.lock_keys_at(base),
+        Kind.SEMAPHORE: keys.multi_keys_at(base, "sem"),
+        Kind.RWLOCK: keys.multi_keys_at(base, "rw"),
+    }
+    pipe = client.pipeline(transaction=False)
+    for k in probes.values():
+        for key in (k[0], k.queue, k.pmsg, k.inflight):
+            pipe.exists(key)
+    pipe.exists(f"{base}:unique")
+    found = pipe.execute()
+    kinds = [kind for i, kind in enumerate(probes) if any(found[4 * i : 4 * i + 4])]
+    if found[-1]:
+        kinds.append(Kind.UNIQUE)
+    shown = text(base[len(prefix) + 2 : -1])
+    return [(shown, kind) for kind in kinds]
+
+
+def details(client: Any, prefix: str, entry: Entry) -> tuple[list[Waiter], list[ParkedRun]]:
+    """The blocked waiters and parked runs of ``entry``, in line order."""
+    if entry.kind is Kind.UNIQUE:
+        return [], []
+    if entry.kind is Kind.LOCK:
+        k: Any = keys.lock_keys_at(entry.key)
+    else:
+        k = keys.multi_keys_at(entry.key, "sem" if entry.kind is Kind.SEMAPHORE else "rw")
+    now_ms, _ = _now(client)
+    pipe = client.pipeline(transaction=False)
+    pipe.zrange(k.queue, 0, -1, withscores=True)
+    pipe.hgetall(k.meta)
+    pipe.zrange(k.inflight, 0, -1, withscores=True)
+    pipe.hkeys(k.pmsg)
+    line, meta, inflight, payloads = pipe.execute()
+    meta = {text(t): text(m) for t, m in meta.items()}
+    parked_tokens = {text(t) for t in payloads}
+    waiters: list[Waiter] = []
+    parked: list[ParkedRun] = []
+    for token in (text(t) for t, _deadline in inflight):
+        owner = parse_owner(token)
+        run = ParkedRun(
+            token, entry.name, entry.kind, owner.task_id, owner.task_name, None, None, True
+        )
+        parked.append(run)
+    for position, (token, score) in enumerate((text(t), int(s)) for t, s in line):
+        owner = parse_owner(token)
+        fields = meta.get(token, "").split(":")
+        mode = _MODE.get(fields[-1], "exclusive") if len(fields) >= 4 else "exclusive"
+        if entry.kind is Kind.LOCK:
+            mode = "exclusive"
+        waited = max(0, now_ms - score)
+        if token in parked_tokens or (len(fields) >= 3 and fields[2] == "p"):
+            parked.append(
+                ParkedRun(
+                    token,
+                    entry.name,
+                    entry.kind,
+                    owner.task_id,
+                    owner.task_name,
+                    position,
+                    waited,
+                    False,
+                )
+            )
+        else:
+            waiters.append(Waiter(token, mode, waited, owner.task_id, owner.task_name))
+    return waiters, parked
