@@ -67,17 +67,16 @@ def test_owner_prefix_round_trips_the_task_id(task_id: str, hostname: str) -> No
     assert token.startswith(prefix) and len(token) > len(prefix)
     assert holder_task_id(token) == task_id
     assert holder_task_id(prefix) == task_id
-    assert parse_owner(token) == (task_id, "proj.sync", hostname or None, 4321, False)
+    assert parse_owner(token) == (task_id, "proj.sync", hostname or None, 4321)
 
 
 @pytest.mark.parametrize(
     ("token", "owner"),
     [
-        ("t1|park|0|proj.sync|ab12", ("t1", "proj.sync", None, None, True)),
-        ("t1|w@h|7|a|b|ab12", ("t1", "a|b", "w@h", 7, False)),  # a name with the separator
-        ("t1|w@h|7|ab12", ("t1", None, "w@h", 7, False)),  # no task name (older tokens)
-        ("plain-owner-token", (None, None, None, None, False)),
-        ("a|b|not-a-pid|c|d", (None, None, None, None, False)),
+        ("t1|w@h|7|a|b|ab12", ("t1", "a|b", "w@h", 7)),  # a name with the separator
+        ("t1|w@h|7|ab12", ("t1", None, "w@h", 7)),  # no task name
+        ("plain-owner-token", (None, None, None, None)),
+        ("a|b|not-a-pid|c|d", (None, None, None, None)),
     ],
 )
 def test_parse_owner_reads_what_a_token_says(token: str, owner: tuple[object, ...]) -> None:

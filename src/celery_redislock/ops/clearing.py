@@ -19,10 +19,19 @@ from ..primitives import _scripts as scripts
 from ..primitives import bump_fence, keys, release_token
 from ..primitives import unique as unique_keys
 from ..tasks import parking
+from ..unique.run import claim_in
 from .entries import Entry, Holder, Kind, ParkedRun
 from .reading import details, read, scan, text
 
-__all__ = ["Dropped", "Released", "drop_parked", "keys_of", "release", "republish"]
+__all__ = [
+    "Dropped",
+    "Released",
+    "drop_parked",
+    "drop_unique_claim",
+    "keys_of",
+    "release",
+    "republish",
+]
 
 #: Re-publishes parked runs a release granted: ``(token, payload)`` pairs.
 Republisher = Callable[[list[tuple[str, bytes]]], None]
@@ -75,7 +84,8 @@ def release(
     """Free ``entry``'s holds (only the one whose token or task id is
     ``holder``, when given) and raise its fence; a unique key is let go."""
     if entry.kind is Kind.UNIQUE:
-        job = unique_keys.drop(client, f"{entry.key}:unique")
+        # With ``holder``, only that job lets go (the throttle window stays).
+        job = unique_keys.drop(client, f"{entry.key}:unique", holder)
         return Released(entry.kind, entry.name, None, (), job)
     k = keys_of(entry)
     chosen = [h for h in entry.holders if holder is None or holder in (h.token, h.task_id)]
@@ -147,6 +157,16 @@ def drop_parked(
     if run is None:  # (claimed and parked again between the two reads)
         run = ParkedRun(run_id, entry.name, entry.kind, None, None, None, None, bool(flying))
     return Dropped(run, payload if isinstance(payload, bytes) else payload.encode())
+
+
+def drop_unique_claim(client: Any, dropped: Dropped) -> Optional[str]:
+    """Let go of the unique key that a dropped parked run's job holds (it
+    will never run, and would keep its key until the key lapses); the job
+    that let go, or None."""
+    options = parking.decode(dropped.payload).get("options") or {}
+    job = options.get("task_id") or dropped.run.task_id
+    claim = claim_in(options, job, False) if job else None
+    return None if claim is None else unique_keys.drop(client, claim.key, claim.job)
 
 
 def republish(app: Any, dropped: Dropped) -> str:

@@ -14,6 +14,9 @@ Subcommands:
 
 - ``check``: the settings, the lock store (reached with PING), the locked
   tasks and the patterns that lock nothing; exits non-zero on a problem.
+- ``ls``, ``show``, ``release``, ``parked``, ``stats``, ``top``: what the
+  lock store holds, and clearing what is stuck (see :mod:`.cli`).
+- ``web``: a page listing the names in use, refreshed every second (:mod:`.web`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from celery.signals import celeryd_init
 from .. import config
 from ..exceptions import ConfigurationError
 from ..tasks import configured, startup, task_rules
+from . import metrics
+from . import cli
+from .web import web
 
 __all__ = ["connect", "redislock"]
 
@@ -66,12 +72,22 @@ def check(ctx: Any) -> None:
         ctx.exit(1)
 
 
+redislock.add_command(web)
+
+
+for _command in cli.COMMANDS:
+    redislock.add_command(_command)
+
+
 def _on_worker_init(sender: Any = None, instance: Any = None, **_: Any) -> None:
     """A worker starts: an app with ``redislock_tasks`` gets the worker step,
-    which checks them (and refuses to start without ConfiguredLocks)."""
+    which checks them (and refuses to start without ConfiguredLocks); an app
+    with ``redislock_metrics_port`` gets the metrics step, which serves them."""
     app = getattr(instance, "app", None)
     if app is not None and app.conf.get(task_rules.SETTING):
         app.steps["worker"].add(startup.WORKER_STEP)
+    if app is not None and metrics.wanted(app):
+        app.steps["worker"].add(metrics.MetricsStep)
 
 
 def connect() -> None:

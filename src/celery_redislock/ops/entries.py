@@ -36,8 +36,8 @@ class Holder:
     ``task_id``, ``task_name``, ``hostname`` (the worker's node name, as in
     ``request.hostname``) and ``pid`` are read from the holder's token (see
     :mod:`celery_redislock.tasks.owners`); they are None for a holder that is
-    not a task run.  A parked run that was granted the lock holds under the
-    token it parked with, which names no worker (``parked`` is true).
+    not a task run.  ``parked``: granted to a parked run that is on its way
+    to a worker (in flight), which runs nowhere yet: no hostname or pid.
     """
 
     token: str
@@ -53,15 +53,23 @@ class Holder:
 
     @classmethod
     def of(
-        cls, token: str, mode: str, fence: Optional[int], ttl_ms: Optional[int], now_us: int
+        cls,
+        token: str,
+        mode: str,
+        fence: Optional[int],
+        ttl_ms: Optional[int],
+        now_us: int,
+        in_flight: bool = False,
     ) -> Holder:
         owner = parse_owner(token)
+        if in_flight:
+            owner = owner._replace(hostname=None, pid=None)
         held = None
         # A fence is the server's clock at the grant, or one more than the
         # last fence when that was higher: close enough to date the grant.
         if fence is not None and 0 < now_us - fence < 10**13:
             held = (now_us - fence) // 1000
-        return cls(token, mode, fence, ttl_ms, held, *owner)
+        return cls(token, mode, fence, ttl_ms, held, *owner, parked=in_flight)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

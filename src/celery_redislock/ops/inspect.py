@@ -161,9 +161,13 @@ class Inspector:
         ]
 
     def drop_parked(self, run_id: str) -> Optional[ParkedRun]:
-        """Take parked run ``run_id`` out of its line for good; None if no line holds it."""
+        """Take parked run ``run_id`` out of its line for good (and its job's
+        unique key, when it holds one); None if no line holds it."""
         dropped = self._drop(run_id)
-        return None if dropped is None else dropped.run
+        if dropped is None:
+            return None
+        clearing.drop_unique_claim(self.client, dropped)
+        return dropped.run
 
     def republish_parked(self, run_id: str) -> Optional[str]:
         """Publish parked run ``run_id`` again now, as a new contender (it parks

@@ -95,7 +95,7 @@ def _queue_reads(pipe: Any, k: Any) -> None:
     pipe.get(k.fence)
     pipe.zcard(k.queue)
     pipe.hlen(k.pmsg)
-    pipe.zcard(k.inflight)
+    pipe.zrange(k.inflight, 0, -1)  # (a granted parked run's hold names no worker)
 
 
 def _reads(pipe: Any, prefix: str, name: str, kind: Kind) -> None:
@@ -137,12 +137,15 @@ def _entry(prefix: str, name: str, kind: Kind, r: list[Any], now_ms: int, now_us
     if kind is Kind.LOCK:
         token, pttl, fence, queued, pmsg, inflight = r
         fence = _int(fence)
+        flying = {text(t) for t in inflight}
         holders: tuple[Holder, ...] = ()
         if token is not None:
             ttl = int(pttl) if int(pttl) >= 0 else None
-            holders = (Holder.of(text(token), "exclusive", fence, ttl, now_us),)
+            held = text(token)
+            holders = (Holder.of(held, "exclusive", fence, ttl, now_us, held in flying),)
         return Entry(kind, name, base, holders, fence, None, *_lines(queued, pmsg, inflight))
     members, info, fence, queued, pmsg, inflight = r[:6]
+    flying = {text(t) for t in inflight}
     info = {text(k): text(v) for k, v in info.items()}
     writer = info.get("!writer")
     out = []
@@ -163,12 +166,13 @@ def _entry(prefix: str, name: str, kind: Kind, r: list[Any], now_ms: int, now_us
 def _lines(queued: Any, pmsg: Any, inflight: Any) -> tuple[int, int]:
     """(blocked waiters, parked runs): the line holds both; a parked run's
     payload is kept until its run claims it, in flight too."""
-    parked_in_line = int(pmsg) - int(inflight)
+    parked_in_line = int(pmsg) - len(inflight)
     return max(0, int(queued) - parked_in_line), int(pmsg)
 
 
-def _now(client: Any) -> tuple[int, int]:
-    sec, usec = client.time()
+def _clock(reply: Any) -> tuple[int, int]:
+    """The server's clock from a TIME reply: (ms, µs)."""
+    sec, usec = reply
     return int(sec) * 1000 + int(usec) // 1000, int(sec) * 1_000_000 + int(usec)
 
 
@@ -177,12 +181,13 @@ def read(client: Any, prefix: str, names: Iterable[tuple[str, Kind]]) -> Iterato
     todo = list(names)
     for start in range(0, len(todo), BATCH):
         batch = todo[start : start + BATCH]
-        now_ms, now_us = _now(client)
         pipe = client.pipeline(transaction=False)
+        pipe.time()
         for name, kind in batch:
             _reads(pipe, prefix, name, kind)
         replies = pipe.execute()
-        i = 0
+        now_ms, now_us = _clock(replies[0])
+        i = 1
         for name, kind in batch:
             width = _WIDTH[kind]
             yield _entry(prefix, name, kind, replies[i : i + width], now_ms, now_us)
@@ -218,13 +223,14 @@ def details(client: Any, prefix: str, entry: Entry) -> tuple[list[Waiter], list[
         k: Any = keys.lock_keys_at(entry.key)
     else:
         k = keys.multi_keys_at(entry.key, "sem" if entry.kind is Kind.SEMAPHORE else "rw")
-    now_ms, _ = _now(client)
     pipe = client.pipeline(transaction=False)
+    pipe.time()
     pipe.zrange(k.queue, 0, -1, withscores=True)
     pipe.hgetall(k.meta)
     pipe.zrange(k.inflight, 0, -1, withscores=True)
     pipe.hkeys(k.pmsg)
-    line, meta, inflight, payloads = pipe.execute()
+    clock, line, meta, inflight, payloads = pipe.execute()
+    now_ms, _ = _clock(clock)
     meta = {text(t): text(m) for t, m in meta.items()}
     parked_tokens = {text(t) for t in payloads}
     waiters: list[Waiter] = []

@@ -37,7 +37,7 @@ from ..exceptions import (
     LockNotOwned,
     LockTimeout,
 )
-from . import _keeper, _scripts
+from . import _keeper, _scripts, keys
 from .tokens import new_token
 
 if TYPE_CHECKING:
@@ -482,6 +482,24 @@ class Primitive:
         if self.renew:
             _keeper.keeper().add(self, token)
         return True
+
+    def retoken(self, token: str) -> None:
+        """Hold under ``token`` from now on, instead of the token it was granted
+        under (one round trip).  A re-published parked run, granted under the
+        token it parked with, takes a token naming its own worker and process.
+        Raises LockLost when the hold had already lapsed."""
+        old = self._token
+        if old is None:
+            raise LockNotOwned(f"cannot retoken {self.kind} {self.name!r}: not acquired", self.key)
+        multi = "" if isinstance(self.keys, keys.LockKeys) else "m"
+        if not int(self._script("retoken", "retoken", [old, token, multi])):
+            self.lost = True
+            raise LockLost(f"{self.kind} {self.name!r} lapsed before it was retokened", self.key)
+        _keeper.keeper().discard(old)
+        self._token = token
+        self._prepared_release = None
+        if self.renew:
+            _keeper.keeper().add(self, token)
 
     def _hand_over(self, items: list[Any]) -> None:
         if not items:

@@ -29,7 +29,7 @@ from ..unique.run import UniqueRun, claim_in, duplicate_of
 from . import parking, policies, targets
 from .hold import Hold
 from .messages import CALL_OPTIONS_HEADER, header, message_headers
-from .owners import PARKED_HOST, owner_prefix
+from .owners import owner_prefix
 
 __all__ = ["enter"]
 
@@ -176,12 +176,23 @@ def _superseded(task: Any, request: Any, prim: Primitive, run: Any) -> None:
     policies.end_without_running(task, request, exc)
 
 
+def _retoken(task: Any, request: Any, prim: Primitive) -> None:
+    """A re-published parked run holds under the token it parked with, which
+    names the worker where it parked: it takes one naming this worker and
+    process, so operators see who holds it (one more round trip, on this
+    path only).  Unreachable, it goes on under the old token, still held."""
+    try:
+        prim.retoken(new_token(owner_prefix(request.id, request.hostname, process.pid, task.name)))
+    except BackendUnavailable:
+        logger.warning("%s[%s]: holds %r under its parked token", task.name, request.id, prim.name)
+
+
 def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: Any) -> bool:
     headers = message_headers(request)
     token = headers.get(parking.PARK_HEADER)
     claim = token is not None
     if token is None:
-        token = new_token(owner_prefix(request.id, PARKED_HOST, 0, task.name))
+        token = new_token(owner_prefix(request.id, request.hostname, process.pid, task.name))
         headers[parking.PARK_HEADER] = token
     sig = task.signature_from_request(request, headers=headers)
     payload = parking.encode(sig, task.serializer or task.app.conf.task_serializer)
@@ -191,6 +202,8 @@ def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
     )
     parking.ensure_sweeper(task.app)
     if status == "held":
+        if claim:
+            _retoken(task, request, prim)
         return True
     if status == "superseded":
         return False

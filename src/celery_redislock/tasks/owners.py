@@ -5,20 +5,17 @@ random part (:func:`celery_redislock.primitives.tokens.new_token`), so the
 holder of any lock, semaphore permit or read-write side can be named (task,
 worker, pid) from the token alone: no field is written for it, and taking a
 lock costs no more.  The worker's main process rebuilds the same prefix to
-free the locks of a child it killed.  A parked run's token carries
-``park`` and pid 0 in place of a worker: the run that later holds under it
-may run anywhere.
+free the locks of a child it killed.  A parked run waits under the token of
+the run that parked it; re-published, its run takes a token of its own.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-__all__ = ["PARKED_HOST", "Owner", "holder_task_id", "owner_prefix", "parse_owner"]
+__all__ = ["Owner", "holder_task_id", "owner_prefix", "parse_owner"]
 
 _SEP = "|"
-#: The hostname field of a parked run's token.
-PARKED_HOST = "park"
 
 
 class Owner(NamedTuple):
@@ -28,7 +25,6 @@ class Owner(NamedTuple):
     task_name: Optional[str]
     hostname: Optional[str]  # the worker's node name, as in request.hostname
     pid: Optional[int]
-    parked: bool  # the token a parked run was queued (and later runs) under
 
 
 def owner_prefix(task_id: str, hostname: Optional[str], pid: int, task_name: str = "") -> str:
@@ -48,10 +44,8 @@ def parse_owner(token: str) -> Owner:
     other holder's, which names nothing (its token is shown as it is)."""
     parts = token.split(_SEP)
     if len(parts) < 4 or not parts[2].isdigit():
-        return Owner(None, None, None, None, False)
+        return Owner(None, None, None, None)
     task_id, host, pid = parts[0], parts[1], int(parts[2])
-    # Tokens of releases before the task name was added: id|host|pid|random.
+    # Without a task name (id|host|pid|random): a token of an earlier release.
     name = _SEP.join(parts[3:-1]) or None if len(parts) > 4 else None
-    if host == PARKED_HOST and pid == 0:
-        return Owner(task_id, name, None, None, True)
-    return Owner(task_id, name, host or None, pid, False)
+    return Owner(task_id, name, host or None, pid)

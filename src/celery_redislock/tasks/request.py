@@ -111,11 +111,11 @@ class LockedRequest(Request):  # type: ignore[misc]
         except Exception:
             logger.exception("%s[%s]: cannot compute the lock to reap", self.task_name, self.id)
             return
-        # A re-published parked run holds under the token it parked with.
+        # A re-published parked run holds under the token it parked with until
+        # it takes its own (entry._retoken): either may hold.
         headers = self._request_dict
-        owner = headers.get(PARK_HEADER) or (headers.get("headers") or {}).get(PARK_HEADER)
-        if not owner:
-            owner = owner_prefix(self.id, self.hostname, pid, task.name)
+        parked = headers.get(PARK_HEADER) or (headers.get("headers") or {}).get(PARK_HEADER)
+        owners = (owner_prefix(self.id, self.hostname, pid, task.name), *filter(None, [parked]))
         # The dead run's job ends with it, unless its message goes back to the
         # queue (acks_late with task_reject_on_worker_lost): it then waits
         # again, with its unique key.
@@ -127,7 +127,7 @@ class LockedRequest(Request):  # type: ignore[misc]
             claim = dataclasses.replace(claim, waits_again=True)
         threading.Thread(
             target=_reap,
-            args=(task.app, name, kind, owner, pid, why, self.id, claim),
+            args=(task.app, name, kind, owners, pid, why, self.id, claim),
             daemon=True,
             name="redislock-reap",
         ).start()
@@ -144,7 +144,7 @@ def _reap(
     app: Any,
     name: str,
     kind: Any,
-    owner: str,
+    owners: tuple[str, ...],
     pid: int,
     why: str,
     task_id: str,
@@ -161,15 +161,19 @@ def _reap(
         folded = claim is not None and unique.foldable(
             client, claim.key, _lock_key(settings.key_prefix, name, kind)
         )
-        freed = reap(
-            client,
-            name,
-            owner,
-            prefix=settings.key_prefix,
-            kind=kind,
-            fence_retention=settings.fence_retention,
-            claim=claim if folded else None,
-        )
+        freed = False
+        for owner in owners:
+            freed = reap(
+                client,
+                name,
+                owner,
+                prefix=settings.key_prefix,
+                kind=kind,
+                fence_retention=settings.fence_retention,
+                claim=claim if folded else None,
+            )
+            if freed:
+                break
         if claim is not None and not folded:
             unique.claim_step(client, claim, "end")
     except Exception:
