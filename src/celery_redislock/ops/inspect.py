@@ -77,13 +77,10 @@ class Inspector:
         """Every name in use whose name matches the glob ``pattern``, of
         ``kind`` (every kind when None), sorted by kind and name."""
         wanted = None if kind is None else Kind(kind)
-        names = [
-            (name, k)
-            for name, k in reading.scan(self.client, self.prefix, pattern)
-            if wanted is None or k is wanted
-        ]
+        found = reading.scan(self.client, self.prefix, pattern)
+        names = [nk for nk in found if wanted is None or nk[1] is wanted]
         names.sort(key=lambda nk: (list(Kind).index(nk[1]), nk[0]))
-        return list(reading.read(self.client, self.prefix, names))
+        return list(reading.read(self.client, self.prefix, names, found))
 
     def show(self, name: str, kind: Optional[Kind | str] = None) -> list[Entry]:
         """The entries of one name (a name may be a lock and a unique key at once)."""

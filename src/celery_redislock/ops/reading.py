@@ -22,7 +22,7 @@ __all__ = ["BATCH", "base_of", "details", "find", "read", "scan"]
 #: Names read per pipeline.
 BATCH = 500
 #: Keys SCAN looks at per call.
-SCAN_COUNT = 2000
+SCAN_COUNT = 10000
 
 #: What the part of a key after its hash tag says: (kind, part).
 _LOCK_PARTS = {
@@ -91,79 +91,108 @@ def scan(client: Any, prefix: str, pattern: str = "*") -> dict[tuple[str, Kind],
     return {k: parts for k, parts in found.items() if parts & _LIVE}
 
 
-def _queue_reads(pipe: Any, k: Any) -> None:
-    pipe.get(k.fence)
-    pipe.zcard(k.queue)
-    pipe.hlen(k.pmsg)
-    pipe.zrange(k.inflight, 0, -1)  # (a granted parked run's hold names no worker)
+#: What an entry's reads default to when its key does not exist.
+_ABSENT: dict[str, Any] = {
+    "token": None,
+    "pttl": -2,
+    "fence": None,
+    "queued": 0,
+    "pmsg": 0,
+    "inflight": [],
+    "members": [],
+    "info": {},
+    "meta": [],
+    "unique": [None] * 6,
+}
 
 
-def _reads(pipe: Any, prefix: str, name: str, kind: Kind) -> None:
-    """Queue the reads of one entry on ``pipe``; :func:`_entry` reads their replies."""
+def _reads(pipe: Any, prefix: str, name: str, kind: Kind, parts: Optional[set[str]]) -> list[str]:
+    """Queue the reads of one entry on ``pipe``, skipping keys SCAN did not
+    find (``parts``; None reads them all); the fields they fill, in order."""
     base = base_of(prefix, name)
+    fields: list[str] = []
+
+    def has(part: str) -> bool:
+        return parts is None or part in parts
+
     if kind is Kind.UNIQUE:
         pipe.hmget(f"{base}:unique", "q", "qd", "r", "rd", "ti", "t")
-    elif kind is Kind.LOCK:
-        k = keys.lock_keys_at(base)
-        pipe.get(k.lock)
-        pipe.pttl(k.lock)
-        _queue_reads(pipe, k)
+        return ["unique"]
+    if kind is Kind.LOCK:
+        k: Any = keys.lock_keys_at(base)
+        if has("hold"):
+            pipe.get(k.lock)
+            pipe.pttl(k.lock)
+            fields += ["token", "pttl"]
     else:
-        m = keys.multi_keys_at(base, "sem" if kind is Kind.SEMAPHORE else "rw")
-        pipe.zrange(m.holders, 0, -1, withscores=True)
-        pipe.hgetall(m.info)
-        _queue_reads(pipe, m)
-        if kind is Kind.RWLOCK:
-            pipe.hvals(m.meta)
-
-
-_WIDTH = {Kind.UNIQUE: 1, Kind.LOCK: 6, Kind.SEMAPHORE: 6, Kind.RWLOCK: 7}
+        k = keys.multi_keys_at(base, "sem" if kind is Kind.SEMAPHORE else "rw")
+        if has("hold"):
+            pipe.zrange(k.holders, 0, -1, withscores=True)
+            fields.append("members")
+        if has("info"):
+            pipe.hgetall(k.info)
+            fields.append("info")
+        if kind is Kind.RWLOCK and has("meta"):
+            pipe.hvals(k.meta)
+            fields.append("meta")
+    if has("fence"):
+        pipe.get(k.fence)
+        fields.append("fence")
+    if has("queue"):
+        pipe.zcard(k.queue)
+        fields.append("queued")
+    if has("pmsg"):
+        pipe.hlen(k.pmsg)
+        fields.append("pmsg")
+    if has("inflight"):
+        pipe.zrange(k.inflight, 0, -1)  # (a granted parked run's hold names no worker)
+        fields.append("inflight")
+    return fields
 
 
 def _int(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def _entry(prefix: str, name: str, kind: Kind, r: list[Any], now_ms: int, now_us: int) -> Entry:
+def _entry(
+    prefix: str, name: str, kind: Kind, r: dict[str, Any], now_ms: int, now_us: int
+) -> Entry:
     base = base_of(prefix, name)
     if kind is Kind.UNIQUE:
-        h = r[0]
+        h = r["unique"]
         jobs: list[Any] = []
         for i in (0, 2, 4):
             job, until = h[i], h[i + 1]
             live = job is not None and until is not None and int(until) >= now_ms
             jobs += [text(job), int(until) - now_ms] if live else [None, 0]
         return Entry(kind, name, base, unique=UniqueJobs(*jobs))
+    fence = _int(r["fence"])
+    flying = {text(t) for t in r["inflight"]}
+    waiters, parked = _lines(r["queued"], r["pmsg"], flying)
     if kind is Kind.LOCK:
-        token, pttl, fence, queued, pmsg, inflight = r
-        fence = _int(fence)
-        flying = {text(t) for t in inflight}
         holders: tuple[Holder, ...] = ()
-        if token is not None:
-            ttl = int(pttl) if int(pttl) >= 0 else None
-            held = text(token)
+        if r["token"] is not None:
+            ttl = int(r["pttl"]) if int(r["pttl"]) >= 0 else None
+            held = text(r["token"])
             holders = (Holder.of(held, "exclusive", fence, ttl, now_us, held in flying),)
-        return Entry(kind, name, base, holders, fence, None, *_lines(queued, pmsg, inflight))
-    members, info, fence, queued, pmsg, inflight = r[:6]
-    flying = {text(t) for t in inflight}
-    info = {text(k): text(v) for k, v in info.items()}
+        return Entry(kind, name, base, holders, fence, None, waiters, parked)
+    info = {text(k): text(v) for k, v in r["info"].items()}
     writer = info.get("!writer")
     out = []
-    for member, score in members:
+    for member, score in r["members"]:
         token = text(member)
         if int(score) < now_ms:
             continue  # lapsed: the next script call on the name drops it
         mode = "permit" if kind is Kind.SEMAPHORE else ("write" if token == writer else "read")
-        out.append(Holder.of(token, mode, _int(info.get(token)), int(score) - now_ms, now_us))
+        fence_of = _int(info.get(token))
+        ttl_ms = int(score) - now_ms
+        out.append(Holder.of(token, mode, fence_of, ttl_ms, now_us, token in flying))
     limit = int(info.get("!limit", "1")) if kind is Kind.SEMAPHORE else None
-    waiters, parked = _lines(queued, pmsg, inflight)
-    writers = 0
-    if kind is Kind.RWLOCK:
-        writers = sum(1 for m in r[6] if text(m).rsplit(":", 1)[-1] == "x")
-    return Entry(kind, name, base, tuple(out), _int(fence), limit, waiters, parked, writers)
+    writers = sum(1 for m in r["meta"] if text(m).rsplit(":", 1)[-1] == "x")
+    return Entry(kind, name, base, tuple(out), fence, limit, waiters, parked, writers)
 
 
-def _lines(queued: Any, pmsg: Any, inflight: Any) -> tuple[int, int]:
+def _lines(queued: Any, pmsg: Any, inflight: set[str]) -> tuple[int, int]:
     """(blocked waiters, parked runs): the line holds both; a parked run's
     payload is kept until its run claims it, in flight too."""
     parked_in_line = int(pmsg) - len(inflight)
@@ -176,22 +205,31 @@ def _clock(reply: Any) -> tuple[int, int]:
     return int(sec) * 1000 + int(usec) // 1000, int(sec) * 1_000_000 + int(usec)
 
 
-def read(client: Any, prefix: str, names: Iterable[tuple[str, Kind]]) -> Iterator[Entry]:
-    """The entries of ``names``, one pipeline per :data:`BATCH` of them."""
+def read(
+    client: Any,
+    prefix: str,
+    names: Iterable[tuple[str, Kind]],
+    parts: Optional[dict[tuple[str, Kind], set[str]]] = None,
+) -> Iterator[Entry]:
+    """The entries of ``names``, one pipeline per :data:`BATCH` of them;
+    with ``parts`` (what :func:`scan` found), only the keys that exist are read."""
     todo = list(names)
     for start in range(0, len(todo), BATCH):
         batch = todo[start : start + BATCH]
         pipe = client.pipeline(transaction=False)
         pipe.time()
-        for name, kind in batch:
-            _reads(pipe, prefix, name, kind)
+        fields = [
+            _reads(pipe, prefix, name, kind, None if parts is None else parts.get((name, kind)))
+            for name, kind in batch
+        ]
         replies = pipe.execute()
         now_ms, now_us = _clock(replies[0])
         i = 1
-        for name, kind in batch:
-            width = _WIDTH[kind]
-            yield _entry(prefix, name, kind, replies[i : i + width], now_ms, now_us)
-            i += width
+        for (name, kind), names_of in zip(batch, fields):
+            r = dict(_ABSENT)
+            r.update(zip(names_of, replies[i : i + len(names_of)]))
+            i += len(names_of)
+            yield _entry(prefix, name, kind, r, now_ms, now_us)
 
 
 def find(client: Any, prefix: str, name: str) -> list[tuple[str, Kind]]:
