@@ -921,7 +921,7 @@ def test_acquire_timeout_holds_when_the_connection_stalls(
         assert not waiter.is_alive()
         client.close()
     assert waiter.ok is False or isinstance(waiter.error, BackendUnavailable), waiter.error
-    assert waiter.seconds <= timeout + connect + 0.3, waiter.seconds
+    assert waiter.seconds <= timeout + connect + 0.5, waiter.seconds  # (0.5: a loaded machine)
     # Nothing of the waiter is left in line: the holder's release frees the
     # lock (no hand-over to a waiter that gave up), and a newcomer gets it.
     time.sleep(0.1)

@@ -308,10 +308,12 @@ def test_a_failed_send_lets_the_key_go(uapp: ModuleType, monkeypatch: pytest.Mon
 def test_a_worker_runs_every_accepted_job_once(
     worker: Worker, uapp: ModuleType, rec: redis.Redis
 ) -> None:
-    """Eight keys, each published ten times: eight runs, one per key."""
+    """Eight keys, each published ten times: eight runs, one per key.  A key's
+    ten publishes go back to back, and its run lasts longer than they take,
+    however loaded the machine: each key is queued or running meanwhile."""
     tag = uniq("many")
     jobs = [uniq("job") for _ in range(8)]
-    results = [uapp.finished.delay(j, tag, 0.1) for _ in range(10) for j in jobs]
+    results = [uapp.finished.delay(j, tag, 1.0) for j in jobs for _ in range(10)]
     assert len({r.id for r in results}) == 8
     for r in results:
         r.get(timeout=20)
