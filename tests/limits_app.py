@@ -221,6 +221,22 @@ def park_probe(self, job: str, tag: str, duration: float = 0.1, **extra: object)
     return {**out, "job": job, "extra": extra}
 
 
+def _keyed_job(name: str, **options: object):
+    """A task like l.park (one lock per ``job``), with options of its own (test_park_state.py)."""
+
+    @app.task(name=name, base=LockedTask, bind=True, lock_key=["job"], **options)
+    def job(self, job: str, tag: str, duration: float = 0.1):
+        return body(self, tag, duration, job=job)
+
+    return job
+
+
+#: Tracks STARTED: the tracer stores it before the run parks.
+park_tracked = _keyed_job("l.park_tracked", on_contention="park", track_started=True)
+park_quiet = _keyed_job("l.park_quiet", on_contention="park", ignore_result=True)
+skip_job = _keyed_job("l.skip", on_contention="skip")
+
+
 @app.task(name="l.rec")
 def rec(value: object = None, *, tag: str, label: str = "") -> None:
     """A plain task for callbacks: records what it was called with, and when."""

@@ -1,8 +1,8 @@
 """Redis locks, semaphores and contention policies around Celery task execution.
 
 ``Lock``, ``Semaphore`` and ``ReadWriteLock`` need only redis-py; importing
-them does not import Celery.  ``LockedTask``, ``ConfiguredLocks`` (and the rest of the Celery
-side, in :mod:`celery_redislock.tasks`) is imported on first use.
+them does not import Celery.  ``LockedTask``, ``ConfiguredLocks``, ``PARKED`` (and the rest of
+the Celery side, in :mod:`celery_redislock.tasks`) is imported on first use.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "PARKED",
     "AlreadyQueued",
     "BackendUnavailable",
     "BackendUnsupported",
@@ -54,7 +55,12 @@ __all__ = [
 ]
 
 #: Names served lazily, from the Celery side.
-_CELERY_SIDE = {"LockedTask": "locked_task", "Hold": "hold", "ConfiguredLocks": "configured"}
+_CELERY_SIDE = {
+    "LockedTask": "locked_task",
+    "Hold": "hold",
+    "ConfiguredLocks": "configured",
+    "PARKED": "parked_state",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_redislock import config
+from celery_redislock import PARKED, config
 from celery_redislock.primitives import keys
 from celery_redislock.tasks import parking as park
 from tests.helpers import intervals, peak_overlap, report, wait_until
@@ -139,7 +139,8 @@ def test_parked_task_keeps_its_id_args_options_and_callbacks(
         link_error=app.signature("l.rec", kwargs={"tag": tag, "label": "errback"}),
     )
     wait_until(lambda: locks.hlen(k.pmsg) == 1, 5, 0.01, "the second run to park")
-    assert parked.state == "PENDING"  # parking stored no outcome
+    # Parking stored no outcome: the run is PARKED (test_park_state.py).
+    wait_until(lambda: parked.state == PARKED, 5, 0.01, "the state PARKED")
 
     value = parked.get(timeout=10)
     assert value["extra"] == {"note": {"a": [1, 2]}}

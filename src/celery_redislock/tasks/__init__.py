@@ -4,6 +4,7 @@
 - ``hold.py``: one run's hold, released exactly once;
 - ``policies.py``: what a contended run does (retry, skip, wait, fail, park);
 - ``parking.py``: contended runs parked in Redis and re-published by the release;
+- ``parked_state.py``: ``PARKED``, a parked run's state in Celery's result store;
 - ``request.py``: the worker's main process frees the locks of children it kills;
 - ``lock_keys.py``: ``lock_key`` compiled against the task's signature;
 - ``targets.py``: which primitive guards a run (lock, semaphore, group, read/write).

@@ -18,7 +18,7 @@ from celery.exceptions import Ignore, Retry
 from .. import config, signals
 from ..exceptions import BackendUnavailable, LockContended, TaskSkipped
 from ..primitives import Primitive
-from . import parking
+from . import parked_state, parking
 from .messages import RETRIES_HEADER, header, message_headers
 from .owners import holder_task_id
 
@@ -82,9 +82,15 @@ def _announce(task: Any, request: Any, prim: Primitive, policy: str) -> Optional
     return holder
 
 
-def outcome(task: Any, request: Any, prim: Primitive, policy: str, what: str) -> None:
-    """The one WARNING line of a contention outcome: task, lock, holder, policy."""
-    logger.warning(
+def outcome(
+    task: Any, request: Any, prim: Primitive, policy: str, what: str, level: int = logging.WARNING
+) -> None:
+    """The one log line of a contention outcome: task, lock, holder, policy.
+
+    WARNING, but INFO for a park: that is the policy's normal path, not a run lost.
+    """
+    logger.log(
+        level,
         "%s[%s]: %s %r is held by task %s; %s (on_contention=%s)",
         task.name,
         request.id,
@@ -194,5 +200,6 @@ def parked(task: Any, request: Any, prim: Primitive, kind: Optional[str]) -> Non
     """This run's message now waits in the primitive's queue (never returns)."""
     parking.register(prim, kind, (prim.holder_ttl_ms or 0) + 50)
     holder = _announce(task, request, prim, "park")
-    outcome(task, request, prim, "park", "parked until it is released")
+    parked_state.mark_parked(task, request, prim, holder)
+    outcome(task, request, prim, "park", "parked until it is released", logging.INFO)
     raise Parked(f"parked behind task {holder}")
