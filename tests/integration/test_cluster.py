@@ -32,6 +32,7 @@ from celery_redislock import (
     BackendUnavailable,
     Lock,
     LockError,
+    LockLost,
     LockTimeout,
     ReadWriteLock,
     Semaphore,
@@ -718,3 +719,31 @@ def test_a_unique_key_rides_on_its_lock_in_the_same_slot_and_apart_in_another(
         assert scripts_sent(trips[port_of(rc, key)], "unique_claim")
     finally:
         rc.close()
+
+
+def test_inspect_lists_and_frees_names_on_every_node(rc: RedisCluster, nodes: Nodes) -> None:
+    """The inspect API scans every master, reads each name on its own node, and
+    frees a name (its fence raised) through its node."""
+    from celery_redislock.inspect import Inspector, Kind
+
+    names = names_on_every_node(rc, 2, "insp")
+    held = [Lock(rc, name, ttl=30, renew=False) for name in names]
+    for lock in held:
+        assert lock.acquire(blocking=False)
+    sem = Semaphore(rc, "insp-sem", 2, renew=False)
+    assert sem.acquire(blocking=False)
+    inspector = Inspector(rc)
+    entries = inspector.entries()
+    assert sorted(e.name for e in entries if e.kind is Kind.LOCK) == sorted(names)
+    assert {e.holders[0].token for e in entries if e.kind is Kind.LOCK} == {
+        lock.token for lock in held
+    }
+    assert [e.limit for e in entries if e.kind is Kind.SEMAPHORE] == [2]
+    (released,) = inspector.release(names[-1])
+    assert released.fence > held[-1].fence and released.freed[0].token == held[-1].token
+    assert not nodes[port_of(rc, held[-1].key)].exists(held[-1].key)
+    with pytest.raises(LockLost):
+        held[-1].release()
+    for lock in held[:-1]:
+        lock.release()
+    sem.release()

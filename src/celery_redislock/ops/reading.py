@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Optional
 
+from redis.exceptions import RedisClusterException
+
 from ..primitives import keys
 from ..tasks.owners import parse_owner
 from .entries import Entry, Holder, Kind, ParkedRun, UniqueJobs, Waiter
@@ -199,6 +201,18 @@ def _lines(queued: Any, pmsg: Any, inflight: set[str]) -> tuple[int, int]:
     return max(0, int(queued) - parked_in_line), int(pmsg)
 
 
+def _timed_pipeline(client: Any) -> tuple[Any, Any]:
+    """A pipeline whose first reply is the server's TIME, and None; or, where
+    a pipeline cannot carry TIME (Redis Cluster: it has no key), a pipeline
+    and the TIME read before it."""
+    pipe = client.pipeline(transaction=False)
+    try:
+        pipe.time()
+    except RedisClusterException:
+        return pipe, client.time()
+    return pipe, None
+
+
 def _clock(reply: Any) -> tuple[int, int]:
     """The server's clock from a TIME reply: (ms, µs)."""
     sec, usec = reply
@@ -216,15 +230,14 @@ def read(
     todo = list(names)
     for start in range(0, len(todo), BATCH):
         batch = todo[start : start + BATCH]
-        pipe = client.pipeline(transaction=False)
-        pipe.time()
+        pipe, clock = _timed_pipeline(client)
         fields = [
             _reads(pipe, prefix, name, kind, None if parts is None else parts.get((name, kind)))
             for name, kind in batch
         ]
         replies = pipe.execute()
-        now_ms, now_us = _clock(replies[0])
-        i = 1
+        i = 0 if clock is not None else 1
+        now_ms, now_us = _clock(clock if clock is not None else replies[0])
         for (name, kind), names_of in zip(batch, fields):
             r = dict(_ABSENT)
             r.update(zip(names_of, replies[i : i + len(names_of)]))
@@ -261,13 +274,15 @@ def details(client: Any, prefix: str, entry: Entry) -> tuple[list[Waiter], list[
         k: Any = keys.lock_keys_at(entry.key)
     else:
         k = keys.multi_keys_at(entry.key, "sem" if entry.kind is Kind.SEMAPHORE else "rw")
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
+    pipe, clock = _timed_pipeline(client)
     pipe.zrange(k.queue, 0, -1, withscores=True)
     pipe.hgetall(k.meta)
     pipe.zrange(k.inflight, 0, -1, withscores=True)
     pipe.hkeys(k.pmsg)
-    clock, line, meta, inflight, payloads = pipe.execute()
+    replies = pipe.execute()
+    if clock is None:
+        clock, replies = replies[0], replies[1:]
+    line, meta, inflight, payloads = replies
     now_ms, _ = _clock(clock)
     meta = {text(t): text(m) for t, m in meta.items()}
     parked_tokens = {text(t) for t in payloads}
