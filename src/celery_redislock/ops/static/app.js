@@ -60,6 +60,7 @@ function holds(entry) {
   return entry.holders.map((h) => ({
     key: h.token,
     who: who(h),
+    task: h.task_name && h.task_id ? [h.task_name, `[${h.task_id}]`] : null,
     mode: h.mode,
     host: h.parked ? "in flight" : h.hostname,
     pid: h.pid,
@@ -98,7 +99,16 @@ function fill(tr, entry, hold, first) {
   };
   text("kind", kindText(entry, hold));
   text("name", entry.name);
-  text("holder", hold.who);
+  if (hold.task) {
+    // The task's name, then its id, dimmed (where a narrow row breaks).
+    const [name, id] = [document.createElement("span"), document.createElement("span")];
+    name.textContent = hold.task[0];
+    id.textContent = hold.task[1];
+    id.className = "id";
+    c[col.holder].replaceChildren(name, id);
+  } else {
+    text("holder", hold.who);
+  }
   text("host", hold.host);
   text("pid", hold.pid);
   text("fence", hold.fence === undefined ? entry.fence : hold.fence);
