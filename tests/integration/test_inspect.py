@@ -139,6 +139,7 @@ def test_parked_runs_in_line_then_drop_one_and_republish_another(
 
     dropped = inspector.drop_parked(parked[1].id)
     assert dropped is not None and dropped.task_id == sent[1].id
+    assert sent[1].state == "REVOKED"  # it never runs: its result says so
     assert inspector.drop_parked(parked[1].id) is None  # gone
     assert [p.task_id for p in inspector.parked(name)] == [sent[0].id, sent[2].id]
 

@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Optional
 
+from celery.backends.base import DisabledBackend
+
 from .. import transport
 from ..primitives import _scripts as scripts
 from ..primitives import bump_fence, keys, release_token
@@ -29,6 +31,7 @@ __all__ = [
     "drop_parked",
     "drop_unique_claim",
     "keys_of",
+    "mark_dropped",
     "release",
     "republish",
 ]
@@ -167,6 +170,14 @@ def drop_unique_claim(client: Any, dropped: Dropped) -> Optional[str]:
     job = options.get("task_id") or dropped.run.task_id
     claim = claim_in(options, job, False) if job else None
     return None if claim is None else unique_keys.drop(client, claim.key, claim.job)
+
+
+def mark_dropped(app: Any, dropped: Dropped) -> None:
+    """A dropped run never runs: its result says REVOKED, where the app keeps
+    results (else it would show PARKED, or PENDING, until it expired)."""
+    if dropped.run.task_id is None or isinstance(app.backend, DisabledBackend):
+        return
+    app.backend.mark_as_revoked(dropped.run.task_id, reason="parked run dropped by an operator")
 
 
 def republish(app: Any, dropped: Dropped) -> str:

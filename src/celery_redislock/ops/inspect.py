@@ -159,11 +159,14 @@ class Inspector:
 
     def drop_parked(self, run_id: str) -> Optional[ParkedRun]:
         """Take parked run ``run_id`` out of its line for good (and its job's
-        unique key, when it holds one); None if no line holds it."""
+        unique key, when it holds one); None if no line holds it.  Made from
+        an app, the run's result says REVOKED."""
         dropped = self._drop(run_id)
         if dropped is None:
             return None
         clearing.drop_unique_claim(self.client, dropped)
+        if self.app is not None:
+            clearing.mark_dropped(self.app, dropped)
         return dropped.run
 
     def republish_parked(self, run_id: str) -> Optional[str]:
