@@ -85,6 +85,11 @@ class Settings:
     on_duplicate: what a duplicate publish of a unique job does: ``return``
         (the existing job's AsyncResult), ``raise`` (AlreadyQueued) or
         ``replace`` (queue it; the waiting one is dropped).
+    metrics_port: TCP port a worker serves Prometheus metrics on, at
+        ``/metrics`` (0 or None: off; needs the ``prometheus`` extra, and
+        ``PROMETHEUS_MULTIPROC_DIR`` with the prefork pool; see
+        :mod:`celery_redislock.ops.metrics`).
+    metrics_addr: address that endpoint listens on.
     """
 
     url: Optional[str] = None
@@ -107,6 +112,8 @@ class Settings:
     wait_timeout_ms: int = 1000
     unique_ttl: float = 3600.0
     on_duplicate: str = "return"
+    metrics_port: Optional[int] = None
+    metrics_addr: str = "0.0.0.0"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -159,6 +166,12 @@ def validate(name: str, value: Any, where: str) -> None:
         _validate.check_count(value, where, minimum=1)
     elif name == "on_duplicate":
         _validate.check_choice(value, where, DUPLICATE_ACTIONS)
+    elif name == "metrics_port":
+        _validate.check_count(value, where, minimum=0, optional=True)
+        if value is not None and value > 65535:
+            raise ConfigurationError(f"{where} must be a port, 1 to 65535 (0: off), got {value!r}")
+    elif name == "metrics_addr":
+        _validate.check_name(value, where)
 
 
 def visibility_timeout(conf: Any) -> Optional[float]:

@@ -3,12 +3,17 @@
 Each signal is sent with ``sender`` = the task (or None for a bare primitive)
 and these keyword arguments:
 
-- ``lock_acquired(request, key, name, fence)``: a task run took its lock.
+- ``lock_acquired(request, key, name, fence, waited)``: a task run took its
+  lock; ``waited`` is how long it waited for it, in seconds: a re-published
+  parked run since its publish (the time that placed it in line), any other
+  run from its first attempt to the grant (the blocking of ``wait``).
 - ``lock_contended(request, key, name, holder, ttl_ms, policy)``: the lock was
   held; ``holder`` is the holder's task id, ``policy`` what happens next.
-- ``lock_released(request, key, name, fence)``: a task run released its lock.
+- ``lock_released(request, key, name, fence, held)``: a task run released its
+  lock; ``held`` is how long it held it, in seconds (grant to release sent).
 - ``task_skipped(request, key, name, holder)``: a run was dropped by ``skip``.
-- ``lock_lost(key, reason, lock)``: renewal found a held lease gone.
+- ``lock_lost(key, reason, lock)``: renewal found a held lease gone, or a
+  task run's release did (one lease may be reported by both).
 - ``task_duplicate(key, task_id, existing_id, action)``: a publish met a job
   holding its unique key, in the publishing process.  ``task_id`` is the
   publish's, ``existing_id`` the other job's; ``action`` what was done:
@@ -17,6 +22,14 @@ and these keyword arguments:
   waiting job is dropped as it reaches a worker) or ``"fail"`` (inside a
   canvas: sent, to end at once as a FAILURE with AlreadyQueued, so that the
   rest of the canvas learns of it).
+- ``task_republished(task_id, task_name)``: a parked run granted its lock was
+  re-published, by the process whose script call granted it (the holder's
+  release, or a park sweeper); ``sender`` is the task when this process has
+  it registered, else None.
+
+``waited`` and ``held`` cost a clock read each, taken only while the signal
+has receivers; ``task_republished`` is sent only then (a hot path sends
+nothing nobody hears).
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ __all__ = [
     "lock_lost",
     "lock_released",
     "task_duplicate",
+    "task_republished",
     "task_skipped",
 ]
 
@@ -43,6 +57,7 @@ lock_released = Signal(name="lock_released")
 task_skipped = Signal(name="task_skipped")
 lock_lost = Signal(name="lock_lost")
 task_duplicate = Signal(name="task_duplicate")
+task_republished = Signal(name="task_republished")
 
 
 def _on_lease_lost(lease: Any, reason: str) -> None:

@@ -30,8 +30,7 @@ from celery.signals import celeryd_init
 from .. import config
 from ..exceptions import ConfigurationError
 from ..tasks import configured, startup, task_rules
-from . import metrics
-from . import cli
+from . import cli, metrics
 from .web import web
 
 __all__ = ["connect", "redislock"]

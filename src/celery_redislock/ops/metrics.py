@@ -47,6 +47,7 @@ from .metrics_endpoint import (
     client,
     endpoint_registry,
     multiproc_dir,
+    multiprocess,
     serve,
 )
 
@@ -69,7 +70,7 @@ SETTING = "redislock_metrics_port"
 #: Histogram buckets (seconds): a hand-over takes milliseconds, a task's hold minutes.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 #: Label value of each kind of primitive, by :func:`~celery_redislock.tasks.targets.kind_of`.
-KINDS = {None: Kind.LOCK.value, "sem": Kind.SEMAPHORE.value, "rw": Kind.RWLOCK.value}
+KINDS = {None: str(Kind.LOCK), "sem": str(Kind.SEMAPHORE), "rw": str(Kind.RWLOCK)}
 
 #: Labels of the lock metrics; the duplicates counter has ("task", "action").
 LABELS = ("task", "kind")
@@ -196,8 +197,8 @@ class Metrics:
 
 def _kind_of_primitive(lock: Any) -> str:
     if isinstance(lock, Side):
-        return Kind.RWLOCK.value
-    return (Kind.SEMAPHORE if isinstance(lock, Semaphore) else Kind.LOCK).value
+        return str(Kind.RWLOCK)
+    return str(Kind.SEMAPHORE if isinstance(lock, Semaphore) else Kind.LOCK)
 
 
 _metrics: Optional[Metrics] = None
@@ -229,9 +230,7 @@ def install(app: Any = None) -> Metrics:
 def _on_process_shutdown(pid: Optional[int] = None, **_: Any) -> None:
     path = os.environ.get(MULTIPROC_ENV)
     if path and pid:
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(pid, path)
+        multiprocess().mark_process_dead(pid, path)
 
 
 def wanted(app: Any) -> bool:

@@ -12,6 +12,7 @@ around prometheus_client's ``make_wsgi_app``, threaded as theirs is.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import threading
@@ -21,7 +22,15 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["MULTIPROC_ENV", "Server", "client", "endpoint_registry", "multiproc_dir", "serve"]
+__all__ = [
+    "MULTIPROC_ENV",
+    "Server",
+    "client",
+    "endpoint_registry",
+    "multiproc_dir",
+    "multiprocess",
+    "serve",
+]
 
 #: The environment variable of prometheus_client's multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -65,11 +74,14 @@ def endpoint_registry() -> Any:
     path = multiproc_dir()
     if path is None:
         return pc.REGISTRY
-    from prometheus_client import multiprocess
-
     collected = pc.CollectorRegistry()
-    multiprocess.MultiProcessCollector(collected, path=path)
+    multiprocess().MultiProcessCollector(collected, path=path)
     return collected
+
+
+def multiprocess() -> Any:
+    """prometheus_client's multiprocess module."""
+    return importlib.import_module("prometheus_client.multiprocess")
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -107,7 +119,9 @@ def serve(port: int, addr: str = "0.0.0.0", registry: Any = None) -> Server:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     server_cls = type("_Server", (_ThreadingServer,), {"address_family": family})
     try:
-        httpd = make_server(addr, port, make_wsgi_app(registry), server_cls, _QuietHandler)
+        httpd: WSGIServer = make_server(
+            addr, port, make_wsgi_app(registry), server_cls, _QuietHandler
+        )
     except OSError as exc:
         raise ConfigurationError(
             f"metrics endpoint: cannot listen on {addr}:{port}: {exc}"

@@ -16,6 +16,7 @@ waiting on: it keeps its key.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -65,6 +66,8 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
     run = _unique_run(task, request)
     if run is not None:
         run.attach(prim)
+    # Only a receiver of lock_acquired needs the time taking the lock began.
+    began = time.monotonic() if signals.lock_acquired.receivers else 0.0
     try:
         if not _take(task, request, prim, kind, run, settings, overrides):
             return None
@@ -81,9 +84,26 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
     request.lock_fence = prim.fence
     if signals.lock_acquired.receivers:  # (else send() does nothing: skip its arguments)
         signals.lock_acquired.send(
-            sender=task, request=request, key=prim.key, name=name, fence=prim.fence
+            sender=task,
+            request=request,
+            key=prim.key,
+            name=name,
+            fence=prim.fence,
+            waited=_waited(request, prim, began),
         )
     return hold
+
+
+def _waited(request: Any, prim: Primitive, began: float) -> float:
+    """Seconds a run waited for its lock: a re-published parked run since its
+    publish (it waited parked, in Redis), any other since ``began``."""
+    if header(request, parking.PARK_HEADER) is not None:
+        sent = header(request, parking.SENT_HEADER)
+        if sent is not None:
+            return max(0.0, time.time() - float(sent) / 1000.0)
+    if not began:  # a receiver connected while this run took its lock
+        return 0.0
+    return max(0.0, (prim.granted_at or began) - began)
 
 
 def _take(

@@ -22,6 +22,7 @@ The hold does not keep the run's request (the request keeps the hold, as
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from .. import signals
@@ -45,7 +46,7 @@ class Hold:
     RELEASED = "released"
     LOST = "lost"
 
-    __slots__ = ("_pending", "fence", "key", "lock", "name", "state", "task", "unique")
+    __slots__ = ("_pending", "fence", "held", "key", "lock", "name", "state", "task", "unique")
 
     def __init__(self, task: Any, lock: Primitive, unique: Optional[UniqueRun] = None) -> None:
         self.task = task
@@ -56,6 +57,8 @@ class Hold:
         self.fence = lock.fence
         self.state = self.HELD
         self._pending: Optional[Release] = None
+        #: Seconds held, when lock_released has receivers as the release is sent.
+        self.held: Optional[float] = None
 
     def __repr__(self) -> str:
         return f"<Hold {self.key!r} fence={self.fence} {self.state}>"
@@ -71,6 +74,8 @@ class Hold:
         if self.state != self.HELD:
             return
         self.state = self.RELEASING
+        if signals.lock_released.receivers:
+            self.held = self._held_now()
         unique = self.unique
         if unique is not None and waits_again:
             unique.wait_again(self.lock)
@@ -89,6 +94,8 @@ class Hold:
         if self.state != self.HELD:
             return
         self.state = self.RELEASING
+        if signals.lock_released.receivers:
+            self.held = self._held_now()
         try:
             self._pending = self.lock.release_async()
         except BackendUnavailable as exc:
@@ -130,5 +137,14 @@ class Hold:
             return
         if signals.lock_released.receivers:  # (else send() does nothing: skip its arguments)
             signals.lock_released.send(
-                sender=self.task, request=request, key=self.key, name=self.name, fence=self.fence
+                sender=self.task,
+                request=request,
+                key=self.key,
+                name=self.name,
+                fence=self.fence,
+                held=self.held if self.held is not None else self._held_now(),
             )
+
+    def _held_now(self) -> float:
+        """Seconds since the grant."""
+        return time.monotonic() - (self.lock.granted_at or 0.0)

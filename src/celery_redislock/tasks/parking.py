@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from kombu import serialization
 
-from .. import config, transport
+from .. import config, signals, transport
 from ..exceptions import LockError
 from ..primitives import Lock, Primitive, Semaphore
 from ..primitives import _scripts as scripts
@@ -139,7 +139,8 @@ def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = 
         fault("before-park-publish")
         for token, payload in parked:
             try:
-                app.signature(decode(payload)).apply_async()
+                sig = app.signature(decode(payload))
+                sig.apply_async()
             except Exception:
                 # Not lost: the reservation lapses and recovery re-publishes it.
                 logger.exception(
@@ -149,6 +150,10 @@ def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = 
                 )
             else:
                 logger.info("re-published parked task %s", token.split("|", 1)[0])
+                if signals.task_republished.receivers:
+                    signals.task_republished.send(
+                        sender=app.tasks.get(sig.task), task_id=sig.id, task_name=sig.task
+                    )
 
     return publish
 

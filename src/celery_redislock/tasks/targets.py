@@ -18,7 +18,7 @@ from ..exceptions import ConfigurationError
 from ..primitives import Lock, Primitive, Semaphore
 from ..primitives.rwlock import Side
 
-__all__ = ["LOCK_MODES", "build", "check_options", "group_limit", "target"]
+__all__ = ["LOCK_MODES", "build", "check_options", "group_limit", "kind_of", "target"]
 
 LOCK_MODES = ("read", "write")
 
@@ -71,6 +71,16 @@ def target(task: Any, args: Any, kwargs: Any) -> tuple[str, Optional[str]]:
     if task.lock_mode is not None:
         return name, "rw"
     return name, None
+
+
+def kind_of(task: Any) -> Optional[str]:
+    """The kind of primitive guarding every run of ``task``: None (a Lock), "sem"
+    or "rw" (the rule :func:`target` applies inline, on a run's hot path)."""
+    if task.semaphore is not None or task.concurrency_group is not None:
+        return "sem"
+    if task.lock_mode is not None:
+        return "rw"
+    return None
 
 
 def build(
