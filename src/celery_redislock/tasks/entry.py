@@ -146,7 +146,7 @@ def _take(
     if prim.superseded_by is not None:
         _superseded(task, request, prim, run)
     if not acquired:
-        policies.contended(task, request, prim, policy)
+        policies.contended(task, request, prim, policy, run.drop if run is not None else None)
     return True
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any, Optional
 
 from celery.exceptions import Ignore, Retry
@@ -102,8 +103,16 @@ def outcome(
     )
 
 
-def contended(task: Any, request: Any, prim: Primitive, policy: str) -> None:
-    """The lock is held by someone else; apply ``policy`` (never returns)."""
+def contended(
+    task: Any,
+    request: Any,
+    prim: Primitive,
+    policy: str,
+    ending: Optional[Callable[[], None]] = None,
+) -> None:
+    """The lock is held by someone else; apply ``policy`` (never returns).
+    ``ending``: what ends the run's job, called before a skip stores its
+    outcome (whoever reads that outcome may publish the job again)."""
     ttl_ms = prim.holder_ttl_ms
     waited = ""
     if policy == "wait":  # the wait timed out
@@ -113,7 +122,7 @@ def contended(task: Any, request: Any, prim: Primitive, policy: str) -> None:
     holder = _announce(task, request, prim, policy)
     what = f"{prim.kind} {prim.name!r} is held by task {holder} for another {ttl_ms} ms"
     if policy == "skip":
-        skip(task, request, prim, holder, ttl_ms)
+        skip(task, request, prim, holder, ttl_ms, ending)
     if policy.endswith("fail"):
         outcome(task, request, prim, policy, f"{waited}failed with LockContended")
         raise LockContended(f"{task.name}[{request.id}]: {what}", prim.key, holder, ttl_ms)
@@ -121,7 +130,12 @@ def contended(task: Any, request: Any, prim: Primitive, policy: str) -> None:
 
 
 def skip(
-    task: Any, request: Any, prim: Primitive, holder: Optional[str], ttl_ms: Optional[int]
+    task: Any,
+    request: Any,
+    prim: Primitive,
+    holder: Optional[str],
+    ttl_ms: Optional[int],
+    ending: Optional[Callable[[], None]] = None,
 ) -> None:
     exc = TaskSkipped(
         f"{task.name}[{request.id}] skipped: {prim.kind} {prim.name!r} is held by task {holder}",
@@ -133,6 +147,8 @@ def skip(
     signals.task_skipped.send(
         sender=task, request=request, key=prim.key, name=prim.name, holder=holder
     )
+    if ending is not None:
+        ending()
     end_without_running(task, request, exc)
 
 

@@ -55,7 +55,7 @@ def claim_in(message: Any, task_id: str, keep_running: bool) -> Optional[unique.
 class UniqueRun:
     """One run's claim on its job's unique key."""
 
-    __slots__ = ("claim", "client", "folded", "lease")
+    __slots__ = ("_dropped", "claim", "client", "folded", "lease")
 
     def __init__(self, client: Any, claim: unique.Claim) -> None:
         self.client = client
@@ -63,6 +63,7 @@ class UniqueRun:
         #: Whether the run's lock scripts carry the claim.
         self.folded = False
         self.lease: Optional[unique.RunLease] = None
+        self._dropped = False
 
     def attach(self, prim: Primitive) -> None:
         """Let ``prim``'s scripts start and end the claim, where they can."""
@@ -112,7 +113,11 @@ class UniqueRun:
                 logger.error("could not end the claim on unique key %s: %s", self.claim.key, exc)
 
     def drop(self) -> None:
-        """The job ended before its body ran (skipped, failed, revoked): its key goes."""
+        """The job ended before its body ran (skipped, failed, revoked): its key
+        goes (once: a second call does nothing)."""
+        if self._dropped:
+            return
+        self._dropped = True
         try:
             unique.drop(self.client, self.claim.key, self.claim.job)
         except BackendUnavailable as exc:
