@@ -4,21 +4,16 @@ In prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) the
 endpoint serves a registry of its own that reads every process's files, as
 prometheus_client documents; otherwise this process's default registry.
 
-prometheus_client's own ``start_http_server`` returns nothing to stop it
-with in older releases (0.17.0 among them), and a worker closes what it
-opens when it stops; so the server is the standard library's WSGI server
-around prometheus_client's ``make_wsgi_app``, threaded as theirs is.
+The server is prometheus_client's own (``start_http_server``, which returns
+the server to stop from 0.20 on: a worker closes what it opens).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import socket
 import threading
-from socketserver import ThreadingMixIn
 from typing import Any, Optional
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..exceptions import ConfigurationError
 
@@ -84,25 +79,13 @@ def multiprocess() -> Any:
     return importlib.import_module("prometheus_client.multiprocess")
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape every few seconds is no news
-
-
 class Server:
     """A running endpoint: ``port`` (the one bound), ``close()`` stops it."""
 
-    def __init__(self, httpd: Any) -> None:
+    def __init__(self, httpd: Any, thread: threading.Thread) -> None:
         self._httpd = httpd
+        self._thread = thread
         self.port: int = httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, name="redislock-metrics", daemon=True
-        )
-        self._thread.start()
 
     def close(self) -> None:
         self._httpd.shutdown()
@@ -113,17 +96,13 @@ class Server:
 def serve(port: int, addr: str = "0.0.0.0", registry: Any = None) -> Server:
     """Serve ``registry`` (default: :func:`endpoint_registry`) on ``addr:port``
     from a daemon thread; port 0 takes a free one (see ``Server.port``)."""
-    make_wsgi_app = client().make_wsgi_app
+    pc = client()
     if registry is None:
         registry = endpoint_registry()
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    server_cls = type("_Server", (_ThreadingServer,), {"address_family": family})
     try:
-        httpd: WSGIServer = make_server(
-            addr, port, make_wsgi_app(registry), server_cls, _QuietHandler
-        )
+        httpd, thread = pc.start_http_server(port, addr, registry)
     except OSError as exc:
         raise ConfigurationError(
             f"metrics endpoint: cannot listen on {addr}:{port}: {exc}"
         ) from exc
-    return Server(httpd)
+    return Server(httpd, thread)
