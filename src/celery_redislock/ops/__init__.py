@@ -2,6 +2,9 @@
 
 - ``command.py``: the ``celery redislock`` subcommand (a ``celery.commands``
   entry point), and the worker-start hook that entry point brings.
+- ``cli.py``: its ``ls``, ``show``, ``release``, ``parked`` and ``stats``
+  subcommands; ``top.py``: ``top``, the live view; ``table.py``: what they
+  print for people (safe cells, durations, aligned tables).
 - ``web.py``: ``celery redislock web``, a page of the names in use (its files
   in ``static/``), served by the stdlib's HTTP server.
 - ``metrics.py``: Prometheus metrics counted by receivers of the library's

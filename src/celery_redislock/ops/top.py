@@ -91,8 +91,11 @@ def _clip(s: str, columns: int) -> str:
     return "".join(out) + "…"
 
 
-def frame(ins: Inspector, title: str, sort: str, pattern: str, size: os.terminal_size) -> list[str]:
-    """The lines of one screen: the header and as many rows as fit."""
+def frame(
+    ins: Inspector, title: str, sort: str, pattern: str, size: Optional[os.terminal_size]
+) -> list[str]:
+    """The lines of one screen: the header and as many rows as fit ``size``
+    (every row, uncut, without a size: the output is no terminal)."""
     entries = ins.entries(pattern)
     s = ins.stats(entries)
     counts = "  ".join(f"{k} {s.counts[k]} ({s.held[k]} held)" for k in s.counts)
@@ -107,14 +110,14 @@ def frame(ins: Inspector, title: str, sort: str, pattern: str, size: os.terminal
     for e in _order(entries, sort):
         for row in table.entry_rows(e):
             rows.append((row[0], _clip(row[1], NAME_WIDTH), *row[2:]))
-    room = max(1, size.lines - len(header) - 1)
+    room = len(rows) if size is None else max(1, size.lines - len(header) - 1)
     more = len(rows) - room
     if more > 0:
         rows = rows[: room - 1]
     lines = header + table.render(table.COLUMNS, rows)
     if more > 0:
         lines.append(f"... {more + 1} more (celery redislock ls)")
-    return [_clip(line, size.columns) for line in lines]
+    return lines if size is None else [_clip(line, size.columns) for line in lines]
 
 
 class _Screen:
@@ -192,7 +195,7 @@ def run(
     screen = _Screen(stdin or sys.stdin, stdout or sys.stdout)
     with screen.opened():
         while True:
-            size = shutil.get_terminal_size()
+            size = shutil.get_terminal_size() if screen.tty else None
             try:
                 lines = frame(ins, title, sort, pattern, size)
             except (RedisError, RedisLockError) as exc:
