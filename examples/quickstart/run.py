@@ -202,6 +202,37 @@ def demo(tasks: Any, client: Any) -> None:
     ran = [e for e in events(client) if e["event"] == "start" and e["task"] == "refresh_feed"]
     print(f"  refresh_feed ran {len(ran)} times for 6 publishes")
 
+    print("\n5) operating: see who holds a lock, and free a stuck one")
+    print("   rebuild_report(seconds=8) runs; `celery redislock ls` names its holder,")
+    print("   `celery redislock release` frees it with a raised fence, another run goes ahead")
+    stuck = tasks.rebuild_report.delay(seconds=8)
+    started = time.monotonic()
+    while not any(e["event"] == "start" and e["id"] == stuck.id for e in events(client)):
+        if time.monotonic() - started > 20:
+            sys.exit("rebuild_report never started")
+        time.sleep(0.05)
+    print(indent(redislock("ls", "--kind", "lock")))
+    print(indent(redislock("release", tasks.rebuild_report.name, "--yes")))
+    after = tasks.rebuild_report.delay(seconds=0.1)
+    print(f"  a new rebuild_report [{short(after.id)}] -> {after.get(timeout=30)!r}")
+    stuck.get(timeout=30)
+    for e in events(client):
+        if e["event"] == "lock lost" and "rebuild_report" in e["key"]:
+            print(f"  the freed run's worker reported lock_lost: {e['reason']}")
+
+
+def redislock(*args: str) -> str:
+    """Output of ``celery -A tasks redislock ARGS`` (the library's command)."""
+    command = [sys.executable, "-m", "celery", "-A", "tasks", "redislock", *args]
+    done = subprocess.run(command, cwd=HERE, capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        sys.exit(f"{' '.join(command[2:])} failed:\n{done.stdout}{done.stderr}")
+    return f"$ celery -A tasks redislock {' '.join(args)}\n{done.stdout.rstrip()}"
+
+
+def indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])

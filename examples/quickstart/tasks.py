@@ -63,9 +63,9 @@ def sync_user(self, user_id: int) -> str:
 
 
 @app.task(base=LockedTask, bind=True, on_contention="skip")
-def rebuild_report(self) -> str:
+def rebuild_report(self, seconds: float = 1.0) -> str:
     note("start", task="rebuild_report", args=[], id=self.request.id)
-    time.sleep(1.0)
+    time.sleep(seconds)
     note("end", task="rebuild_report", args=[], id=self.request.id)
     return "report rebuilt"
 
