@@ -94,12 +94,16 @@ def main() -> None:
             keys_all.append(time.perf_counter() - t)
         ratios = [a / b for a, b in zip(ours, scans)]
         print(f"server: {args.unrelated:,} unrelated keys, {args.ours:,} names of ours")
-        print(f"Inspector.entries(): median {statistics.median(ours):.2f} s "
-              f"(min {min(ours):.2f}, max {max(ours):.2f})")
+        print(
+            f"Inspector.entries(): median {statistics.median(ours):.2f} s "
+            f"(min {min(ours):.2f}, max {max(ours):.2f})"
+        )
         print(f"SCAN alone:          median {statistics.median(scans):.2f} s")
         print(f"KEYS (blocks the server meanwhile): median {statistics.median(keys_all):.2f} s")
-        print(f"listing / SCAN alone: median {statistics.median(ratios):.2f}x "
-              f"(range {min(ratios):.2f}-{max(ratios):.2f}x)")
+        print(
+            f"listing / SCAN alone: median {statistics.median(ratios):.2f}x "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}x)"
+        )
         calls = []
         original = client.connection_pool.get_connection
 
@@ -118,8 +122,9 @@ def main() -> None:
 
         client.connection_pool.get_connection = counting  # type: ignore[method-assign]
         inspector.entries()
-        print(f"round trips of one listing: {len(calls)} "
-              f"(SCAN calls plus one pipeline per 500 names)")
+        print(
+            f"round trips of one listing: {len(calls)} (SCAN calls plus one pipeline per 500 names)"
+        )
     finally:
         server.stop()
 
