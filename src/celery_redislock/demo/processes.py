@@ -1,0 +1,102 @@
+"""The processes the demo starts: a private redis-server, a worker, ``celery redislock``.
+
+Everything runs as ``sys.executable -m celery -A celery_redislock.demo.tasks``,
+so the demo needs no working directory or PYTHONPATH of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+APP = "celery_redislock.demo.tasks"
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[str]:
+    """A throwaway redis-server from PATH on a free port, nothing written to disk;
+    yields its URL.  Raises RuntimeError, saying what to install, without one."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError(
+            "no redis-server found: install one (apt-get install redis-server, "
+            "brew install redis) or set REDIS_URL=redis://host:6379/0"
+        )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workdir = tempfile.mkdtemp(prefix="redislock-demo-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"{binary} did not start on port {port}") from None
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class Worker:
+    """``celery worker -P prefork -c 4`` on the demo app, in its own process group."""
+
+    command = [sys.executable, "-m", "celery", "-A", APP, "worker", "-P", "prefork", "-c", "4",
+               "-l", "WARNING", "--without-gossip", "--without-mingle",
+               "--without-heartbeat"]  # fmt: skip
+
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile(prefix="redislock-demo-worker-")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_ready(self, app: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if app.control.ping(timeout=0.5):
+                return
+        raise RuntimeError("the worker did not start:\n" + self.output())
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # pool children, if any are left
+        self.proc.wait(5)
+        self.log.close()
+
+
+def redislock(*args: str) -> str:
+    """Run ``celery -A celery_redislock.demo.tasks redislock ARGS``; its output, after
+    the command line as a user would type it.  Raises RuntimeError when it fails."""
+    command = [sys.executable, "-m", "celery", "-A", APP, "redislock", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command[2:])} failed:\n{done.stdout}{done.stderr}")
+    return f"$ celery -A {APP} redislock {' '.join(args)}\n{done.stdout.rstrip()}"
