@@ -7,7 +7,10 @@ demo itself.  A failing check must make the demo exit non-zero.
 from __future__ import annotations
 
 import io
+import sys
 from typing import Any
+
+import pytest
 
 from celery_redislock.demo import checks
 
@@ -64,3 +67,14 @@ def test_a_failing_check_prints_expected_and_measured_and_the_status_is_1() -> N
     assert checks.skip(1, 4, 5).line() == (
         "ok   skip: 1 of 5 duplicate runs ran (4 skipped with TaskSkipped)"
     )
+
+
+def test_without_kombus_redis_transport_the_demo_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery_redislock.demo.__main__ import transport_missing
+
+    assert transport_missing() is None
+    monkeypatch.setitem(sys.modules, "kombu.transport.redis", None)  # as if it cannot import
+    missing = transport_missing()
+    assert missing and missing.endswith(": pip install 'celery-redislock[demo]'"), missing

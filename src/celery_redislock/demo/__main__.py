@@ -50,6 +50,7 @@ def redis_url() -> Iterator[tuple[str, str]]:
 
 
 def run() -> int:
+    """Start the worker, run every scenario, print its check; the exit status."""
     import redis
 
     from . import checks, config, records, scenarios, tasks
@@ -91,7 +92,8 @@ def main() -> None:
     parser.parse_args()
     missing = transport_missing()
     if missing:
-        sys.exit(f"demo: {missing}")
+        print(f"demo: {missing}", file=sys.stderr)
+        sys.exit(2)
     try:
         with redis_url() as (url, where):
             print(f"Redis: {url} ({where}): broker on its db, results and locks on the next two")
