@@ -75,7 +75,7 @@ class Settings:
     park_sweep_interval: seconds between recovery sweeps of parked queues.
     fence_retention: seconds a lock name's fence key is kept after its last
         grant (fences keep rising without it, from the server's clock; see
-        the README's "Fencing tokens").
+        docs/guarantees.md, "Fencing tokens").
     wait_replicas: replicas that must acknowledge every grant, renewal and
         release (``WAIT``) before it counts; 0: do not wait.  A grant not
         acknowledged in time is undone and counts as contention.

@@ -1,7 +1,7 @@
 """Which unique-job policy a publish follows, and the checks of its options.
 
 Pure decisions, no Redis and no Celery.  The options, in the order the
-README lists them:
+unique-jobs page (docs/unique.md) lists them:
 
 - ``unique``: ``"until_started"``, ``"until_finished"`` or ``"coalesce"``
   (None: no uniqueness);
