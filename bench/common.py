@@ -27,11 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def private_server(extra: Optional[list[str]] = None) -> Any:
-    """A started throwaway redis-server on a free loopback port (the tests'
-    ``tests.redis_server.RedisServer``, with more options ``extra``)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from tests.redis_server import RedisServer
+    """A started throwaway redis-server on a free loopback port
+    (:class:`celery_redislock.testing.RedisServer`, with more options ``extra``)."""
+    from celery_redislock.testing import RedisServer
 
     return RedisServer(extra=extra).start()
 

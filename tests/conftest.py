@@ -1,32 +1,22 @@
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from tests.redis_server import RedisServer
 from tests.sentinel import LocalSentinel, SentinelUnavailable
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A private redis-server for the session, or REDISLOCK_TEST_REDIS_URL when set."""
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """REDISLOCK_TEST_REDIS_URL when set, else the library's pytest plugin's
+    private redis-server (celery_redislock.testing.plugin: the suite dogfoods it)."""
     url = os.environ.get("REDISLOCK_TEST_REDIS_URL")
     if url:
-        yield url
-        return
-    server = RedisServer().start()
-    try:
-        yield server.url
-    finally:
-        # Results still referenced unsubscribe as they are collected; let them
-        # do so while the server is up (Celery before 5.5 reconnects, and
-        # fails loudly, when it is gone).
-        gc.collect()
-        server.stop()
+        return url
+    return str(request.getfixturevalue("redislock_redis_url"))
 
 
 @pytest.fixture
