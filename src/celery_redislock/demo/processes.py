@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,38 +21,17 @@ APP = "celery_redislock.demo.tasks"
 
 @contextlib.contextmanager
 def private_redis() -> Iterator[str]:
-    """A throwaway redis-server from PATH on a free port, nothing written to disk;
-    yields its URL.  Raises RuntimeError, saying what to install, without one."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError(
-            "no redis-server found: install one (apt-get install redis-server, "
-            "brew install redis) or set REDIS_URL=redis://host:6379/0"
-        )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workdir = tempfile.mkdtemp(prefix="redislock-demo-")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", workdir],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    """A throwaway redis-server on a free port, nothing written to disk (PATH's,
+    else the one the demo extra embeds: celery_redislock.testing.server); yields
+    its URL.  Raises RuntimeError, saying what to install, without one."""
+    from ..testing.server import RedisServer, RedisServerNotFound
+
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"{binary} did not start on port {port}") from None
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
+        server = RedisServer()
+    except RedisServerNotFound as exc:
+        raise RuntimeError(f"{exc}; or set REDIS_URL=redis://host:6379/0") from None
+    with server:
+        yield server.url
 
 
 class Worker:

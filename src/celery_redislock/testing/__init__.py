@@ -9,7 +9,7 @@
 - ``plugin.py``: the pytest plugin (``redislock_redis_url`` and friends).
 
 What it may import: the public modules of every other layer, Celery and
-pytest only inside functions or in plugin.py; nothing of the library imports it.
+pytest only inside functions or in plugin.py; only the demo imports it (its server).
 """
 
 from __future__ import annotations
