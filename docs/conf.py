@@ -32,7 +32,11 @@ nitpick_ignore = [
     ("py:mod", "celery_redislock.ops.metrics_endpoint"),
     ("py:mod", "celery_redislock.unique"),
     ("py:mod", "celery_redislock.tasks.owners"),
+    # The standard library's, without intersphinx (no network at build time).
+    ("py:class", "collections.abc.Iterator"),
+    ("py:class", "collections.abc.Sequence"),
     # Relative references of docstrings written for the source reader.
+    ("py:class", "RedisServer"),
     ("py:attr", "fence"),
     ("py:mod", "reading"),
     ("py:func", "release"),
