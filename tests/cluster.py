@@ -14,20 +14,57 @@ import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
+from typing import Optional
 
 import redis
 from redis.crc import key_slot
 
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import (
+    RedisServer,
+    RedisServerNotFound,
+    find_redis_server,
+    free_port,
+    server_version,
+)
 
-__all__ = ["LocalCluster"]
+__all__ = ["LocalCluster", "redis_cli", "unavailable"]
+
+
+def redis_cli() -> Optional[str]:
+    """The redis-cli beside the redis-server the tests start, of its version
+    (not the first on PATH: an activated virtualenv's bin/ may hold the
+    embedded package's 6.2 copy, which cannot join 7.x nodes)."""
+    try:
+        cli = Path(find_redis_server()).with_name("redis-cli")
+    except RedisServerNotFound:
+        return None
+    return str(cli) if cli.is_file() else None
+
+
+def unavailable() -> Optional[str]:
+    """Why no cluster can be started here (the tests skip saying so), or None."""
+    try:
+        binary = find_redis_server()
+    except RedisServerNotFound as exc:
+        return str(exc)
+    if redis_cli() is None:
+        return f"redis-cli is not installed beside {binary}: it is needed to create a Redis Cluster"
+    version = server_version(binary)
+    if version < (7, 0):
+        # (The embedded server, when PATH has no redis-server, is 6.2.)
+        return (
+            "the cluster tests need Redis 7.0 or later (--cluster-port), "
+            f"{binary} is {'.'.join(map(str, version))}"
+        )
+    return None
 
 
 class LocalCluster:
     """``LocalCluster(3).start()``; ``ports`` are the masters'; ``stop()`` ends it."""
 
     def __init__(self, masters: int = 3, replicas: int = 0) -> None:
-        cli = shutil.which("redis-cli")
+        cli = redis_cli()
         if cli is None:
             raise RuntimeError("redis-cli is not installed (apt-get install redis-tools)")
         self.cli = cli

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import shutil
 import signal
 import threading
 import time
@@ -41,6 +40,7 @@ from celery_redislock.primitives import _keeper as renewal
 from celery_redislock.primitives import reap
 from celery_redislock.tasks import parking
 from tests.cluster import LocalCluster
+from tests.cluster import unavailable as cluster_unavailable
 from tests.helpers import (
     Attempt,
     Command,
@@ -68,8 +68,9 @@ Nodes = dict[int, redis.Redis]
 @pytest.fixture(scope="module")
 def redis_cluster() -> Iterator[LocalCluster]:
     """A local 3-master Redis Cluster (no replicas) for the module."""
-    if shutil.which("redis-cli") is None:
-        pytest.skip("redis-cli is not installed: it is needed to create a Redis Cluster")
+    reason = cluster_unavailable()
+    if reason:
+        pytest.skip(reason)
     cluster = LocalCluster(3).start()
     yield cluster
     cluster.stop()
@@ -598,8 +599,9 @@ def test_acquire_timeout_holds_when_the_owning_node_stalls(
 @pytest.fixture(scope="module")
 def replicated() -> Iterator[LocalCluster]:
     """A local cluster of 3 masters, each with one replica."""
-    if shutil.which("redis-cli") is None:
-        pytest.skip("redis-cli is not installed: it is needed to create a Redis Cluster")
+    reason = cluster_unavailable()
+    if reason:
+        pytest.skip(reason)
     cluster = LocalCluster(3, replicas=1).start()
     yield cluster
     cluster.stop()
