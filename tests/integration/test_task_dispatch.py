@@ -17,6 +17,7 @@ import redis
 from celery import Celery, chain, chord, group
 
 from celery_redislock import Lock, LockContended, LockedTask, TaskSkipped
+from celery_redislock.testing import assert_lock_free, assert_lock_held, current_fence
 from tests.helpers import assert_no_overlap, wait_until
 from tests.integration.task_helpers import (
     listed,
@@ -167,10 +168,14 @@ def test_task_always_eager_takes_the_lock(
     fence = skip_task.delay(k).get()
     assert isinstance(fence, int) and calls == [fence]
     assert not locks.exists(lock_key(skip_task, (k,)))
+    # (The plugin's helpers, dogfooded: the stored fence is the run's, the lock free.)
+    assert current_fence(eager_app, skip_task.lock_name_for((k,), {})) == fence
+    assert_lock_free(skip_task, k)
 
     held = Lock(locks, skip_task.lock_name_for((k,), {}), ttl=30, owner="other-task|h|1|")
     assert held.acquire(blocking=False)
     try:
+        assert assert_lock_held(skip_task, k).holders[0].fence == held.fence > fence
         result = skip_task.delay(k)
         assert result.state == "FAILURE"
         assert isinstance(result.result, TaskSkipped)
