@@ -85,3 +85,20 @@ def test_the_quickstart_runs_the_same_demo_and_says_in_one_line_when_redis_is_un
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"demo: cannot reach Redis at redis://127.0.0.1:{port}/2"), lines
+
+
+def test_with_too_old_a_redis_server_the_demo_says_so_in_one_line(tmp_path: Path) -> None:
+    """The server comes from celery_redislock.testing.server: one refused is one line."""
+    fake = tmp_path / "redis-server"
+    fake.write_text("#!/bin/sh\necho 'Redis server v=5.0.7 sha=00000000:0 malloc=libc'\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["REDISLOCK_REDIS_SERVER"] = str(fake)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_redislock.demo"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("demo: "), done.stderr
+    assert "Redis 5.0.7" in lines[0] and "6.2" in lines[0], lines

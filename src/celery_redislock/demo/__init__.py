@@ -9,8 +9,9 @@ every check held.
   Redis, three db numbers); ``tasks.py``: the app and its tasks;
   ``records.py``: what the tasks write down (start/end events, the fenced store).
 - ``scenarios.py``: publish, wait, measure; ``checks.py``: a check, its line, the
-  exit status; ``processes.py``: the Redis, the worker and ``celery redislock``;
-  ``__main__.py``: puts them together.
+  exit status; ``processes.py``: the worker and ``celery redislock``;
+  ``__main__.py``: puts them together, with a private redis-server from
+  :mod:`celery_redislock.testing.server` when ``REDIS_URL`` is not set.
 
 What it may import: Celery, every layer of the library; nothing imports it.
 """

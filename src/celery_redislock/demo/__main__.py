@@ -38,7 +38,8 @@ def redis_url() -> Iterator[tuple[str, str]]:
     if os.environ.get(URL_ENV):
         yield os.environ[URL_ENV], URL_ENV
         return
-    from .processes import private_redis  # the one place the server comes from
+    # PATH's redis-server, else the demo extra's; RedisServerNotFound says what to install.
+    from celery_redislock.testing.server import redis_server as private_redis
 
     with contextlib.ExitStack() as stack:
         try:

@@ -1,4 +1,4 @@
-"""The processes the demo starts: a private redis-server, a worker, ``celery redislock``.
+"""The processes the demo starts: a worker and ``celery redislock``.
 
 Everything runs as ``sys.executable -m celery -A celery_redislock.demo.tasks``,
 so the demo needs no working directory or PYTHONPATH of its own.
@@ -13,25 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 APP = "celery_redislock.demo.tasks"
-
-
-@contextlib.contextmanager
-def private_redis() -> Iterator[str]:
-    """A throwaway redis-server on a free port, nothing written to disk (PATH's,
-    else the one the demo extra embeds: celery_redislock.testing.server); yields
-    its URL.  Raises RuntimeError, saying what to install, without one."""
-    from ..testing.server import RedisServer, RedisServerNotFound
-
-    try:
-        server = RedisServer()
-    except RedisServerNotFound as exc:
-        raise RuntimeError(f"{exc}; or set REDIS_URL=redis://host:6379/0") from None
-    with server:
-        yield server.url
 
 
 class Worker:
