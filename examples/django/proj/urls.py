@@ -1,0 +1,3 @@
+"""No views: the example is its tasks and a management command."""
+
+urlpatterns: list = []
