@@ -726,7 +726,13 @@ def test_top_redraws_a_live_view_in_tmux_and_quits(
         assert rows[1][0]["KIND"] == "semaphore"
 
         subprocess.run([*base, "send-keys", key], check=True)
-        wait_until(lambda: rc.exists() and after.exists(), 15, 0.05, "top to exit")
+        # (The shell creates each file as it redirects, before writing it.)
+        wait_until(
+            lambda: rc.exists() and after.exists() and after.read_text().endswith("\n"),
+            15,
+            0.05,
+            "top to exit",
+        )
         assert rc.read_text() == "0\n"
         assert after.read_text() == before.read_text()  # the terminal's modes given back
         wait_until(
