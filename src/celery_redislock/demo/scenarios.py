@@ -155,9 +155,22 @@ def operating(r: redis.Redis) -> checks.Check:
     finally:
         r.set("demo:go", 1)  # the stuck run may end now
     stuck.get(timeout=TIMEOUT, propagate=False)
-    for e in events(r):
-        if e["event"] == "lock lost" and tasks.rebuild_report.name in e["key"]:
-            print(f"   the freed run's worker reported lock_lost: {e['reason']}")
+
+    def lost() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in events(r)
+            if e["event"] == "lock lost" and tasks.rebuild_report.name in e["key"]
+        ]
+
+    # The freed run learns of its loss as its release's reply comes back,
+    # which may be after its result is stored.
+    try:
+        reports = wait_for("the freed run's lock_lost", lost, timeout=5.0)
+    except RuntimeError:
+        reports = []
+    for e in reports:
+        print(f"   the freed run's worker reported lock_lost: {e['reason']}")
     next_ran = after == "report rebuilt"
     return checks.operating(listed, run, old, new, next_ran)
 
