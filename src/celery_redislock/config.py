@@ -54,6 +54,17 @@ class Settings:
     url: Redis URL of the lock store (``redislock_url``); defaults to the
         broker when it is Redis, else the result backend when it is Redis,
         else None (a worker then refuses to start).
+    ssl: TLS options of a ``rediss://`` lock store, as Celery's
+        ``redis_backend_use_ssl``: a dict of ``ssl_cert_reqs``,
+        ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile`` (None: the URL's
+        query, or redis-py's defaults).
+    transport_options: options of a ``sentinel://`` or cluster lock store, as
+        Celery's ``broker_transport_options``: ``master_name``,
+        ``sentinel_kwargs``, and connection keywords.
+    client: a ready redis-py client for the lock store, for what a URL cannot
+        say: a callable taking no argument, or its dotted path
+        (``"proj.redis:make_client"``); called once per process, after fork.
+        Beats ``url``.
     key_prefix: prefix of every Redis key (``redislock_key_prefix``).
     lock_ttl: lease in seconds, renewed while the body runs.
     renew_interval: seconds between renewals (None: a third of the lease).
@@ -67,6 +78,9 @@ class Settings:
     on_redis_error: when Redis is unreachable while taking a task's lock:
         ``retry`` (re-send later, the default), ``fail`` (FAILURE with
         BackendUnavailable) or ``run`` (run the body without a lock).
+    redis_error_retries: re-sends of one run while the lock store is
+        unreachable (``on_redis_error="retry"``) before it fails with
+        BackendUnavailable (None: no limit).
     socket_timeout: socket timeout of the lock client, seconds.
     semaphores: named limits shared across tasks, ``{"name": limit}``
         (tasks join one with ``concurrency_group="name"``).
@@ -93,6 +107,9 @@ class Settings:
     """
 
     url: Optional[str] = None
+    ssl: Optional[dict[str, Any]] = None
+    transport_options: dict[str, Any] = field(default_factory=dict)
+    client: Any = None
     key_prefix: str = "redislock"
     lock_ttl: float = 30.0
     renew_interval: Optional[float] = None
@@ -103,6 +120,7 @@ class Settings:
     lock_wait_timeout: float = 60.0
     lock_wait_fallback: str = "retry"
     on_redis_error: str = "retry"
+    redis_error_retries: Optional[int] = 10
     socket_timeout: float = 10.0
     semaphores: dict[str, int] = field(default_factory=dict)
     park_reserve: float = 10.0
@@ -156,6 +174,24 @@ def validate(name: str, value: Any, where: str) -> None:
     elif name == "url":
         if value is not None:
             _validate.check_name(value, where)
+    elif name == "ssl":
+        if value is not None and not isinstance(value, dict):
+            raise ConfigurationError(
+                f"{where} must be a dict of ssl_* options or None, got {value!r}"
+            )
+    elif name == "transport_options":
+        if not isinstance(value, dict):
+            raise ConfigurationError(f"{where} must be a dict, got {value!r}")
+    elif name == "client":
+        if value is not None and not callable(value):
+            _validate.check_name(value, where)
+            if ":" not in value and "." not in value:
+                raise ConfigurationError(
+                    f"{where} must be a callable or its dotted path ('proj.redis:make_client'), "
+                    f"got {value!r}"
+                )
+    elif name == "redis_error_retries":
+        _validate.check_count(value, where, minimum=0, optional=True)
     elif name == "key_prefix":
         _validate.check_name(value, where)
     elif name == "semaphores":
