@@ -4,7 +4,8 @@ It runs before the worker takes any message: it refuses to start without a
 Redis lock store, or with ``redislock_tasks`` set while no
 :class:`~celery_redislock.ConfiguredLocks` is in ``task_annotations`` (its
 patterns would silently lock nothing); it logs which store it uses (without
-the password) and which tasks are locked, and warns about
+the password) and whether it answers (:mod:`.store_check`: it starts anyway,
+saying what locked runs will do), which tasks are locked, and warns about
 ``redislock_tasks`` patterns that match no task.  A bootstep, not a signal
 handler: Celery logs and swallows what signal handlers raise, and a worker
 with a bad configuration must not start.
@@ -18,7 +19,7 @@ from typing import Any
 from celery import bootsteps
 
 from .. import config
-from . import configured
+from . import configured, store_check
 from .task_rules import SETTING
 
 __all__ = ["WorkerStep"]
@@ -38,12 +39,7 @@ class WorkerStep(bootsteps.Step):  # type: ignore[misc]
         if settings.url is None:
             raise config.no_store(app.conf)
         configured.check_annotated(app)
-        _, source = config.store(app.conf)
-        logger.info(
-            "celery_redislock: lock store %s (from %s)",
-            config.describe_store(settings.url),
-            source,
-        )
+        store_check.check_store(app, settings)  # logs the store: reached, or what runs will do
         for pattern in configured.unmatched(app):
             logger.warning(
                 "celery_redislock: %s pattern %r matches no registered task (a typo?)",
