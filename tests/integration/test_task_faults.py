@@ -137,8 +137,10 @@ def test_sigkill_of_the_whole_worker_frees_the_lock_within_its_lease(
 def test_worker_retries_while_the_lock_store_is_unreachable(
     redis_base: str, capp: ModuleType, rec: redis.Redis
 ) -> None:
-    """lock_on_redis_error="retry" (the default): re-sent with backoff, counted
-    by lock_retry_max, then FAILURE with BackendUnavailable; the body never runs."""
+    """lock_on_redis_error="retry" (the default): re-sent with backoff,
+    lock_redis_error_retries times, then FAILURE with BackendUnavailable; the
+    body never runs.  Counted apart from contention retries: lt.retry_max's
+    lock_retry_max=2 does not cut it short."""
     queue = uniq("deadq")
     dead = f"redis://127.0.0.1:{free_port()}/0"
     w = start_worker(
@@ -150,16 +152,18 @@ def test_worker_retries_while_the_lock_store_is_unreachable(
     )
     try:
         tag, job = uniq("dead"), uniq("job")
-        result = capp.lt_retry_max.apply_async((job, tag, 0.0), queue=queue)
+        result = capp.lt_retry_max.apply_async(
+            (job, tag, 0.0), queue=queue, redislock={"lock_redis_error_retries": 3}
+        )
         with pytest.raises(BackendUnavailable) as info:
             result.get(timeout=20)
         log = w.output()
     finally:
         w.stop()
-    assert "unreachable" in str(info.value).lower()
+    assert "unreachable after 3 re-sends (lock_redis_error_retries=3)" in str(info.value)
     assert runs(rec, tag) == []
     retries = [s for s in listed(rec, "retry_signals") if s["id"] == result.id]
-    assert len(retries) == 2  # lt.retry_max has lock_retry_max=2
+    assert len(retries) == 3, retries
     assert all(r["reason"].startswith("lock store unreachable, retry") for r in retries), retries
     assert f"{result.id}]: lock store unreachable" in log
     assert "lock contended" not in log  # Celery's retry line says what happened

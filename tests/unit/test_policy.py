@@ -1,16 +1,22 @@
-"""Pure policy decisions: contention backoff, owner tokens, the eager policy."""
+"""Pure policy decisions: contention backoff, owner tokens, the eager policy, and
+which budget a re-send counts against."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from celery.exceptions import Retry
 from hypothesis import given
 from hypothesis import strategies as st
 
+from celery_redislock.exceptions import BackendUnavailable, LockContended
 from celery_redislock.primitives.tokens import new_token
+from celery_redislock.tasks.messages import REDIS_ERROR_RETRIES_HEADER, RETRIES_HEADER
 from celery_redislock.tasks.owners import holder_task_id, owner_prefix, parse_owner
-from celery_redislock.tasks.policies import backoff, effective_policy
+from celery_redislock.tasks.policies import backoff, effective_policy, retry_later
 
 
 class Fixed:
@@ -117,3 +123,75 @@ def test_holder_task_id_of_non_task_holders() -> None:
 )
 def test_effective_policy(policy: str, eager: bool, expected: str) -> None:
     assert effective_policy(policy, eager) == expected
+
+
+# -- re-sends: contention and an unreachable store counted apart ---------------------
+
+
+class FakeTask:
+    """What retry_later reads of a task: its options, its app's conf, and the
+    signature it re-sends (recorded instead of published)."""
+
+    name = "proj.job"
+
+    def __init__(self, **options: Any) -> None:
+        self.options = {
+            "lock_retry_max": None,
+            "lock_redis_error_retries": 10,
+            "lock_retry_backoff": 0.1,
+            "lock_retry_backoff_max": 0.4,
+            **options,
+        }
+        self.app = SimpleNamespace(conf={})
+        self.sent: list[dict[str, Any]] = []
+
+    def lock_option(self, option: str, request: Any = None) -> Any:
+        return self.options[option]
+
+    def signature_from_request(self, request: Any, countdown: float, headers: Any) -> Any:
+        sent = self.sent
+        return SimpleNamespace(apply_async=lambda: sent.append(dict(headers)))
+
+
+def run_with(**headers: Any) -> Any:
+    return SimpleNamespace(id="id-1", headers=dict(headers), is_eager=False)
+
+
+def contended() -> LockContended:
+    return LockContended("lock 'x' is held by task t0", "redislock:{x}:lock", "t0", 100)
+
+
+def test_an_outage_does_not_use_up_the_contention_budget() -> None:
+    """A run that had all its contention retries is still re-sent while the
+    store is unreachable, and the re-send keeps its contention count."""
+    task = FakeTask(lock_retry_max=3, lock_redis_error_retries=2)
+    request = run_with(**{RETRIES_HEADER: 3})
+    with pytest.raises(Retry, match="lock store unreachable, retry 1 of 2"):
+        retry_later(task, request, BackendUnavailable("down"))
+    assert task.sent == [{RETRIES_HEADER: 3, REDIS_ERROR_RETRIES_HEADER: 1}]
+
+
+def test_contention_does_not_use_up_the_outage_budget() -> None:
+    task = FakeTask(lock_retry_max=None, lock_redis_error_retries=2)
+    request = run_with(**{REDIS_ERROR_RETRIES_HEADER: 2, RETRIES_HEADER: 7})
+    with pytest.raises(Retry, match="lock contended, retry 8 in"):
+        retry_later(task, request, contended())
+    assert task.sent == [{RETRIES_HEADER: 8, REDIS_ERROR_RETRIES_HEADER: 2}]
+
+
+def test_after_its_last_re_send_an_unreachable_store_fails_the_run_saying_so() -> None:
+    task = FakeTask(lock_retry_max=0, lock_redis_error_retries=2)
+    request = run_with(**{REDIS_ERROR_RETRIES_HEADER: 2})
+    with pytest.raises(BackendUnavailable) as info:
+        retry_later(task, request, BackendUnavailable("Redis unreachable during acquire"))
+    message = str(info.value)
+    assert "proj.job[id-1]" in message and "after 2 re-sends" in message, message
+    assert "lock_redis_error_retries=2" in message and "during acquire" in message, message
+    assert task.sent == []
+
+
+def test_without_a_limit_an_unreachable_store_is_retried_on() -> None:
+    task = FakeTask(lock_redis_error_retries=None)
+    request = run_with(**{REDIS_ERROR_RETRIES_HEADER: 500})
+    with pytest.raises(Retry, match="retry 501 in"):
+        retry_later(task, request, BackendUnavailable("down"))

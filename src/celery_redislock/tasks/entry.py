@@ -8,9 +8,10 @@ once, visibly, when a newer publish superseded it or when it is a duplicate
 sent only to fail inside a canvas.
 
 A run that ends here without its body running (skipped, failed on
-contention, superseded) ends its job: the job's unique key goes with it.
-A run that is re-sent (a contention retry) or parked is the same job
-waiting on: it keeps its key.
+contention, superseded, failed because the store is unreachable, at once or
+after its last re-send) ends its job: the job's unique key goes with it.
+A run that is re-sent (a contention retry, a retry while the store is
+unreachable) or parked is the same job waiting on: it keeps its key.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
     began = time.monotonic() if signals.lock_acquired.receivers else 0.0
     try:
         if not _take(task, request, prim, kind, run, settings, overrides):
+            # Unreachable, and the body runs without a lock: the job starts
+            # now, so its key goes (if the store answers; else within its hold).
+            if run is not None:
+                run.drop()
             return None
     except _JOB_GOES_ON:
         raise
@@ -243,7 +248,7 @@ def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
 def _unreachable(task: Any, request: Any, name: str, exc: BackendUnavailable) -> None:
     policy = task.lock_option("lock_on_redis_error", request)
     logger.error(
-        "%s[%s]: lock store unreachable for %r (%s): %s",
+        "%s[%s]: lock store unreachable for %r (lock_on_redis_error=%s): %s",
         task.name,
         request.id,
         name,

@@ -80,7 +80,7 @@ class LockedTask(Task):  # type: ignore[misc]
     ``lock_ttl``, ``lock_renew_interval``, ``on_contention``
     (retry/skip/wait/fail/park), ``lock_retry_backoff``,
     ``lock_retry_backoff_max``, ``lock_retry_max``, ``lock_wait_timeout``,
-    ``lock_wait_fallback``, ``lock_on_redis_error``.
+    ``lock_wait_fallback``, ``lock_on_redis_error``, ``lock_redis_error_retries``.
 
     Unique jobs (:mod:`celery_redislock.unique`): ``unique``
     (``"until_started"``, ``"until_finished"``, ``"coalesce"``), ``unique_key``
@@ -104,6 +104,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_wait_timeout: Optional[float] = None
     lock_wait_fallback: Optional[str] = None
     lock_on_redis_error: Optional[str] = None
+    lock_redis_error_retries: Optional[int] = None
     unique: Optional[str] = None
     unique_key: Any = None
     unique_ttl: Optional[float] = None
@@ -206,7 +207,8 @@ class LockedTask(Task):  # type: ignore[misc]
         for this call only, which travel in the message: any of ``on_contention``,
         ``lock_ttl``, ``lock_renew_interval``, ``lock_retry_backoff``,
         ``lock_retry_backoff_max``, ``lock_retry_max``, ``lock_wait_timeout``,
-        ``lock_wait_fallback``, ``lock_on_redis_error``, and the unique-job options
+        ``lock_wait_fallback``, ``lock_on_redis_error``, ``lock_redis_error_retries``,
+        and the unique-job options
         ``unique``, ``unique_ttl``, ``on_duplicate``, ``debounce``, ``throttle``.
 
         A unique job whose key is held sends nothing: it returns the AsyncResult

@@ -2,6 +2,8 @@
 
 - ``redislock_options``: the per-call options of ``apply_async(redislock={...})``;
 - ``redislock_retries``: contention retries so far (not Celery's ``retries``);
+- ``redislock_redis_error_retries``: re-sends so far because the lock store
+  was unreachable (counted apart from contention retries);
 - ``redislock_unique``: the job's claim on its unique key (publish-side
   uniqueness: the key, the policy, how long it holds);
 - ``redislock_duplicate``: a duplicate sent only to end visibly, inside a
@@ -17,6 +19,7 @@ from typing import Any
 __all__ = [
     "CALL_OPTIONS_HEADER",
     "DUPLICATE_HEADER",
+    "REDIS_ERROR_RETRIES_HEADER",
     "RETRIES_HEADER",
     "UNIQUE_HEADER",
     "header",
@@ -28,12 +31,16 @@ CALL_OPTIONS_HEADER = "redislock_options"
 #: Message header counting contention retries (separate from Celery's ``retries``,
 #: so contention never consumes the task's own ``max_retries``).
 RETRIES_HEADER = "redislock_retries"
+#: Message header counting re-sends because the lock store was unreachable,
+#: against ``lock_redis_error_retries`` (apart from contention retries: see
+#: :func:`celery_redislock.tasks.policies.retry_later`).
+REDIS_ERROR_RETRIES_HEADER = "redislock_redis_error_retries"
 #: Message header with the job's claim on its unique key: [key, policy, hold ms].
 UNIQUE_HEADER = "redislock_unique"
 #: Message header of a duplicate sent inside a canvas: the holder's task id.
 DUPLICATE_HEADER = "redislock_duplicate"
 
-_OURS = (CALL_OPTIONS_HEADER, RETRIES_HEADER, UNIQUE_HEADER)
+_OURS = (CALL_OPTIONS_HEADER, RETRIES_HEADER, REDIS_ERROR_RETRIES_HEADER, UNIQUE_HEADER)
 
 
 def header(request: Any, name: str) -> Any:

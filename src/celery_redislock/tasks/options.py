@@ -46,6 +46,7 @@ OPTIONS = {
     "lock_wait_timeout": "lock_wait_timeout",
     "lock_wait_fallback": "lock_wait_fallback",
     "lock_on_redis_error": "on_redis_error",
+    "lock_redis_error_retries": "redis_error_retries",
 }
 
 #: Options that may be given per call.

@@ -20,7 +20,7 @@ from .. import config, signals
 from ..exceptions import BackendUnavailable, LockContended, TaskSkipped
 from ..primitives import Primitive
 from . import parked_state, parking
-from .messages import RETRIES_HEADER, header, message_headers
+from .messages import REDIS_ERROR_RETRIES_HEADER, RETRIES_HEADER, header, message_headers
 from .owners import holder_task_id
 
 __all__ = [
@@ -180,24 +180,28 @@ def retry_later(
     """Re-send this run's message after a jittered backoff (never returns).
 
     Same task id, args, kwargs, routing, priority, headers (per-call options
-    included), links and chain.  Celery's own ``retries`` is left as it was;
-    contention retries are counted in the ``redislock_retries`` header
-    against ``lock_retry_max``.
+    included), links and chain.  Celery's own ``retries`` is left as it was.
+    A contention retry (``reason`` a LockContended) counts in the
+    ``redislock_retries`` header against ``lock_retry_max``; a re-send because
+    the store is unreachable (a BackendUnavailable) in the
+    ``redislock_redis_error_retries`` header against
+    ``lock_redis_error_retries``.  Once its limit is reached the run fails
+    with ``reason``'s class, saying how many re-sends it had.
     """
+    # Two counters, in headers of our own, rather than Celery's
+    # request.retries: that one is the task's own max_retries budget (its
+    # self.retry() calls), which neither kind of wait may use up.  And apart
+    # from each other: an outage must not use up the contention budget of a
+    # run that then meets a holder, nor a long wait behind a holder leave no
+    # re-send for an outage.  Each kind's backoff grows with its own count.
+    unreachable = isinstance(reason, BackendUnavailable)
+    counter = REDIS_ERROR_RETRIES_HEADER if unreachable else RETRIES_HEADER
+    option = "lock_redis_error_retries" if unreachable else "lock_retry_max"
     headers = message_headers(request)
-    attempt = int(header(request, RETRIES_HEADER) or 0)
-    limit = task.lock_option("lock_retry_max", request)
+    attempt = int(header(request, counter) or 0)
+    limit = task.lock_option(option, request)
     if limit is not None and attempt >= limit:
-        if isinstance(reason, LockContended):
-            if prim is not None:
-                outcome(task, request, prim, policy, f"failed after {attempt} contention retries")
-            raise LockContended(
-                f"{task.name}[{request.id}]: gave up after {attempt} contention retries; {reason}",
-                reason.key,
-                reason.holder,
-                reason.ttl_ms,
-            ) from reason
-        raise reason
+        _give_up(task, request, reason, prim, policy, attempt, option, limit)
     cap = task.lock_option("lock_retry_backoff_max", request)
     vt = config.visibility_timeout(task.app.conf)
     if vt is not None:
@@ -205,11 +209,48 @@ def retry_later(
     delay = backoff(attempt, task.lock_option("lock_retry_backoff", request), cap)
     if prim is not None:
         outcome(task, request, prim, policy, f"retry {attempt + 1} in {delay:.2f} s")
-    headers[RETRIES_HEADER] = attempt + 1
+    headers[counter] = attempt + 1
     sig = task.signature_from_request(request, countdown=delay, headers=headers)
     sig.apply_async()  # if this fails, the run fails visibly with the error
-    why = "lock store unreachable" if isinstance(reason, BackendUnavailable) else "lock contended"
-    raise Retry(f"{why}, retry {attempt + 1} in {delay:.2f}s", exc=reason, when=delay, sig=sig)
+    why = "lock store unreachable" if unreachable else "lock contended"
+    of = f" of {limit}" if limit is not None else ""
+    raise Retry(f"{why}, retry {attempt + 1}{of} in {delay:.2f}s", exc=reason, when=delay, sig=sig)
+
+
+def _give_up(
+    task: Any,
+    request: Any,
+    reason: Exception,
+    prim: Optional[Primitive],
+    policy: str,
+    attempt: int,
+    option: str,
+    limit: int,
+) -> None:
+    """The run has had its ``limit`` re-sends: it fails with ``reason``'s class."""
+    if isinstance(reason, LockContended):
+        if prim is not None:
+            outcome(task, request, prim, policy, f"failed after {attempt} contention retries")
+        raise LockContended(
+            f"{task.name}[{request.id}]: gave up after {attempt} contention retries; {reason}",
+            reason.key,
+            reason.holder,
+            reason.ttl_ms,
+        ) from reason
+    if isinstance(reason, BackendUnavailable):
+        logger.error(
+            "%s[%s]: lock store still unreachable after %d re-sends (%s=%s); failed",
+            task.name,
+            request.id,
+            attempt,
+            option,
+            limit,
+        )
+        raise BackendUnavailable(
+            f"{task.name}[{request.id}]: lock store still unreachable after {attempt} "
+            f"re-sends ({option}={limit}); {reason}"
+        ) from reason
+    raise reason
 
 
 def parked(task: Any, request: Any, prim: Primitive, kind: Optional[str]) -> None:
