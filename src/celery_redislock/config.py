@@ -7,10 +7,12 @@ starts: a bad value, or a key that is not one of ours, is a ConfigurationError
 naming the key as the user wrote it (``CELERY_REDISLOCK_LOCK_TTL`` in an app
 configured with a namespace).
 
-The lock store is, in order: ``redislock_url``, the broker when it is Redis,
-the result backend when it is Redis.  The Redis client is built lazily, once
-per app per process (a forked child builds its own), and nothing is attached
-to the app object.
+The lock store is, in order: ``redislock_client`` (a factory of a ready
+client), ``redislock_url``, the broker when it is Redis (a Sentinel broker
+included, with its ``broker_transport_options``), the result backend when it
+is Redis.  The client is built lazily by :mod:`.lock_store`, once per app per
+process (a forked child builds its own), and nothing is attached to the app
+object.
 """
 
 from __future__ import annotations
@@ -19,12 +21,9 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any, NamedTuple, Optional, Union
 
-import redis
-
-from . import _spelling, _validate
+from . import _spelling, _validate, lock_store
 from .exceptions import ConfigurationError
 
 __all__ = [
@@ -32,6 +31,7 @@ __all__ = [
     "Settings",
     "client_for",
     "describe_store",
+    "require_store",
     "reset",
     "settings_for",
     "store",
@@ -41,8 +41,13 @@ CONTENTION_POLICIES = ("retry", "skip", "wait", "fail", "park")
 DUPLICATE_ACTIONS = ("return", "raise", "replace")
 WAIT_FALLBACKS = ("retry", "fail")
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
-#: URL schemes redis-py connects to (Celery's ``redis+socket://`` is a unix socket).
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
+#: URL schemes of a broker or result backend the lock store follows.
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
+#: Where the transport options and TLS options of a followed broker or backend are.
+_FOLLOWED = {
+    "broker_url": ("broker_transport_options", "broker_use_ssl"),
+    "result_backend": ("result_backend_transport_options", "redis_backend_use_ssl"),
+}
 #: ``redislock_*`` keys this library reads besides the Settings fields.
 OTHER_KEYS: tuple[str, ...] = ("redislock_tasks",)
 
@@ -51,16 +56,22 @@ OTHER_KEYS: tuple[str, ...] = ("redislock_tasks",)
 class Settings:
     """Every ``redislock_*`` setting, in the order the docs list them.
 
-    url: Redis URL of the lock store (``redislock_url``); defaults to the
-        broker when it is Redis, else the result backend when it is Redis,
-        else None (a worker then refuses to start).
-    ssl: TLS options of a ``rediss://`` lock store, as Celery's
-        ``redis_backend_use_ssl``: a dict of ``ssl_cert_reqs``,
-        ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile`` (None: the URL's
-        query, or redis-py's defaults).
-    transport_options: options of a ``sentinel://`` or cluster lock store, as
-        Celery's ``broker_transport_options``: ``master_name``,
-        ``sentinel_kwargs``, and connection keywords.
+    url: URL of the lock store (``redislock_url``): ``redis://``,
+        ``rediss://``, ``unix://``, ``redis+socket://``,
+        ``sentinel://h:26379;sentinel://h2:26379`` (or a list of them) or
+        ``redis+cluster://h:7000,h2:7001``; defaults to the broker when it is
+        Redis (Sentinel included), else the result backend when it is Redis,
+        else None (a worker then refuses to start, unless ``client`` is set).
+    ssl: TLS options of the lock store, as Celery's ``redis_backend_use_ssl``:
+        a dict of ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``,
+        ``ssl_keyfile``; set, it turns TLS on (None: the URL's query, or
+        redis-py's defaults; following the broker or backend, its
+        ``broker_use_ssl`` or ``redis_backend_use_ssl``).
+    transport_options: options of a ``sentinel://`` lock store, as Celery's
+        ``broker_transport_options``: ``master_name``, ``sentinel_kwargs``,
+        ``min_other_sentinels``; its other keys are redis-py connection
+        keywords of any store.  Following a Sentinel broker or backend, its
+        ``master_name``, ``sentinel_kwargs`` and ``min_other_sentinels``.
     client: a ready redis-py client for the lock store, for what a URL cannot
         say: a callable taking no argument, or its dotted path
         (``"proj.redis:make_client"``); called once per process, after fork.
@@ -172,16 +183,23 @@ def validate(name: str, value: Any, where: str) -> None:
     elif name == "on_redis_error":
         _validate.check_choice(value, where, REDIS_ERROR_POLICIES)
     elif name == "url":
-        if value is not None:
+        if isinstance(value, (list, tuple)) and value:
+            for item in value:
+                if not isinstance(item, str) or not item.startswith("sentinel://"):
+                    raise ConfigurationError(
+                        f"{where} may be a list of sentinel:// URLs only, got {item!r} in it"
+                    )
+        elif value is not None:
             _validate.check_name(value, where)
     elif name == "ssl":
-        if value is not None and not isinstance(value, dict):
-            raise ConfigurationError(
-                f"{where} must be a dict of ssl_* options or None, got {value!r}"
-            )
+        if value is not None:
+            lock_store.tls_options(value, where)
     elif name == "transport_options":
         if not isinstance(value, dict):
             raise ConfigurationError(f"{where} must be a dict, got {value!r}")
+        for key in value:
+            if not isinstance(key, str):
+                raise ConfigurationError(f"{where} keys must be str, got {key!r}")
     elif name == "client":
         if value is not None and not callable(value):
             _validate.check_name(value, where)
@@ -213,7 +231,7 @@ def validate(name: str, value: Any, where: str) -> None:
 def visibility_timeout(conf: Any) -> Optional[float]:
     """The broker's visibility timeout in seconds, for brokers that have one."""
     broker = conf.get("broker_url") or ""
-    if not isinstance(broker, str) or not broker.startswith(("redis", "sqs", "rediss")):
+    if not isinstance(broker, str) or not broker.startswith(("redis", "sqs", "sentinel")):
         return None
     options = conf.get("broker_transport_options") or {}
     return float(options.get("visibility_timeout", 3600))
@@ -234,9 +252,17 @@ def from_conf(conf: Any) -> Settings:
         value = conf.get(key)
         if value is not None:
             validate(name, value, _spelling.spelled(conf, key))
+            if name == "url" and not isinstance(value, str):
+                value = ";".join(value)  # a list of sentinels
             values[name] = value
+    source = _source(conf)
     if "url" not in values:
-        values["url"] = store(conf)[0]
+        values["url"] = source.url
+    if "transport_options" not in values and source.options:
+        values["transport_options"] = source.options
+    if "ssl" not in values and source.ssl is not None:
+        validate("ssl", source.ssl, source.ssl_setting)
+        values["ssl"] = source.ssl
     settings = Settings(**values)
     vt = visibility_timeout(conf)
     if vt is not None and settings.lock_retry_backoff_max >= vt:
@@ -250,35 +276,70 @@ def from_conf(conf: Any) -> Settings:
     return settings
 
 
-def store(conf: Any) -> tuple[Optional[str], str]:
-    """(URL of the lock store or None, the setting it came from)."""
+class _Source(NamedTuple):
+    """Where the lock store comes from: its URL and the setting naming it, the
+    options followed with it (from the broker's or backend's settings)."""
+
+    url: Optional[str]
+    setting: str
+    options: Optional[dict[str, Any]] = None
+    options_setting: str = "redislock_transport_options"
+    ssl: Optional[dict[str, Any]] = None
+    ssl_setting: str = "redislock_ssl"
+
+
+def _source(conf: Any) -> _Source:
+    if conf.get("redislock_client"):
+        return _Source(None, _spelling.spelled(conf, "redislock_client"))
     url = conf.get("redislock_url")
     if url:
-        return url, _spelling.spelled(conf, "redislock_url")
-    for key in ("broker_url", "result_backend"):
+        setting = _spelling.spelled(conf, "redislock_url")
+        return _Source(url if isinstance(url, str) else ";".join(url), setting)
+    for key, (options_key, ssl_key) in _FOLLOWED.items():
         value = conf.get(key)
-        if isinstance(value, (list, tuple)):
-            value = value[0] if value else None
-        if isinstance(value, str):
-            value = value.split(";")[0].strip()
-            if value.startswith(_REDIS_SCHEMES):
-                if value.startswith("redis+socket://"):
-                    value = "unix://" + value[len("redis+socket://") :]
-                return value, _spelling.spelled(conf, key)
-    return None, ""
+        parts = value if isinstance(value, (list, tuple)) else str(value or "").split(";")
+        parts = [p.strip() for p in parts if isinstance(p, str) and p.strip()]
+        if not parts or not parts[0].startswith(_REDIS_SCHEMES):
+            continue
+        setting = _spelling.spelled(conf, key)
+        ssl = conf.get(ssl_key) if isinstance(conf.get(ssl_key), dict) else None
+        ssl_setting = _spelling.spelled(conf, ssl_key)
+        if parts[0].startswith("sentinel://"):
+            # Sentinel's own options come along (the rest are kombu's or Celery's).
+            followed = conf.get(options_key) or {}
+            options = {k: v for k, v in followed.items() if k in lock_store.SENTINEL_OPTIONS}
+            sentinels = ";".join(p for p in parts if p.startswith("sentinel://"))
+            return _Source(
+                sentinels, setting, options, _spelling.spelled(conf, options_key), ssl, ssl_setting
+            )
+        first = parts[0]  # (a failover list of brokers: the first)
+        if first.startswith("redis+socket://"):
+            first = "unix://" + first[len("redis+socket://") :]
+        return _Source(first, setting, None, ssl=ssl, ssl_setting=ssl_setting)
+    return _Source(None, "")
 
 
-def describe_store(url: str) -> str:
-    """``url`` without its password: scheme, host and port (or socket), db."""
-    parsed = urlsplit(url)
-    if parsed.scheme == "unix":
-        where = parsed.path
-    else:
-        where = f"{parsed.hostname or 'localhost'}:{parsed.port or 6379}"
-    query = dict(parse_qsl(parsed.query))
-    db = query.get("db") or (parsed.path.strip("/") if parsed.scheme != "unix" else "") or "0"
-    user = f"{parsed.username}@" if parsed.username else ""
-    return f"{parsed.scheme}://{user}{where}/{db}"
+def store(conf: Any) -> tuple[Optional[str], str]:
+    """(URL of the lock store or None, the setting it came from)."""
+    source = _source(conf)
+    return source.url, source.setting
+
+
+def describe_store(store: Union[Settings, str, None]) -> str:
+    """Where the lock store of ``store`` (settings, or a URL) is, without its
+    password: ``redis://host:6379/0``, the sentinels and the master's name,
+    the cluster's nodes, or the client factory."""
+    if isinstance(store, Settings):
+        return lock_store.describe(store.url, store.transport_options, store.client)
+    return lock_store.describe(store)
+
+
+def require_store(app: Any) -> Settings:
+    """The settings of ``app``; ConfigurationError when it has no lock store."""
+    settings = settings_for(app)
+    if settings.url is None and settings.client is None:
+        raise no_store(app.conf)
+    return settings
 
 
 def no_store(conf: Any) -> ConfigurationError:
@@ -288,7 +349,12 @@ def no_store(conf: Any) -> ConfigurationError:
     return ConfigurationError(
         "celery_redislock needs a Redis lock store, and neither the broker "
         f"({broker}) nor the result backend ({backend}) is Redis: set "
-        "redislock_url = 'redis://host:6379/0' in the app's configuration"
+        "redislock_url = 'redis://host:6379/0' in the app's configuration "
+        "(or rediss://, unix://, redis+socket://, "
+        "'sentinel://host:26379;sentinel://host2:26379' with "
+        "redislock_transport_options = {'master_name': 'mymaster'}, "
+        "'redis+cluster://host:7000,host:7001'), or redislock_client to a function "
+        "returning a redis-py client"
     )
 
 
@@ -322,20 +388,33 @@ def client_for(app: Any) -> Any:
     last_app, _, client = _last
     if last_app() is app and client is not None:
         return client
-    s = settings_for(app)  # before taking _lock: settings_for takes it too
-    if s.url is None:
-        raise no_store(app.conf)
+    s = require_store(app)  # before taking _lock: settings_for takes it too
     with _lock:
         client = _clients.get(app)
         if client is None:
-            client = _clients[app] = redis.Redis.from_url(
-                s.url,
-                socket_timeout=s.socket_timeout,
-                socket_connect_timeout=min(s.socket_timeout, 5.0),
-                health_check_interval=30,
-            )
+            client = _clients[app] = _connect(app.conf, s)
         _last = (weakref.ref(app), s, client)
     return client
+
+
+def _connect(conf: Any, s: Settings) -> Any:
+    if s.client is not None:
+        return lock_store.from_factory(s.client, _spelling.spelled(conf, "redislock_client"))
+    source = _source(conf)
+    options_setting = (
+        _spelling.spelled(conf, "redislock_transport_options")
+        if conf.get("redislock_transport_options") is not None
+        else source.options_setting
+    )
+    assert s.url is not None
+    return lock_store.connect(
+        s.url,
+        ssl=s.ssl,
+        options=s.transport_options,
+        socket_timeout=s.socket_timeout,
+        url_setting=source.setting or "redislock_url",
+        options_setting=options_setting,
+    )
 
 
 def reset(app: Any) -> None:

@@ -50,16 +50,16 @@ def check(ctx: Any) -> None:
     app = ctx.obj.app
     try:
         config.reset(app)
-        settings = config.settings_for(app)
-        if settings.url is None:
-            raise config.no_store(app.conf)
+        settings = config.require_store(app)
         configured.check_annotated(app)
         app.finalize(auto=True)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from exc
-    store = config.describe_store(settings.url)
+    store = config.describe_store(settings)
     try:
         config.client_for(app).ping()
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from exc
     except Exception as exc:
         raise click.ClickException(f"lock store {store} unreachable: {exc}") from exc
     ctx.obj.echo(f"lock store: {store} (from {config.store(app.conf)[1]}), reached")

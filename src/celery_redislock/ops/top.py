@@ -221,10 +221,9 @@ def top(ctx: Any, interval: float, pattern: str) -> None:
     app = ctx.obj.app
     try:
         ins = Inspector.from_app(app)
-        url = config.settings_for(app).url
+        store = config.describe_store(config.settings_for(app))
     except RedisLockError as exc:
         raise click.ClickException(f"lock store: {exc}") from exc
-    store = config.describe_store(url) if url else "?"
     title = f"redislock top - {table.safe(store)} prefix {table.safe(ins.prefix)}"
     with contextlib.suppress(KeyboardInterrupt):
         run(ins, title, interval, pattern)

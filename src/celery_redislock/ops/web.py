@@ -304,12 +304,10 @@ def web(ctx: Any, port: int, bind: str, allow_release: bool) -> None:
     """Serve a page listing the locks in use, refreshed every second."""
     app = ctx.obj.app
     try:
-        settings = config.settings_for(app)
-        if settings.url is None:
-            raise config.no_store(app.conf)
+        settings = config.require_store(app)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from exc
-    store = config.describe_store(settings.url)
+    store = config.describe_store(settings)
     token = secrets.token_urlsafe(24) if allow_release else None
     try:
         server = make_server(Inspector.from_app(app), bind, port, store=store, token=token)
