@@ -93,6 +93,11 @@ if os.environ.get("REDISLOCK_TEST_RESULT_CONF"):
     app.conf.update(json.loads(os.environ["REDISLOCK_TEST_RESULT_CONF"]))
 
 
+if os.environ.get("REDISLOCK_TEST_CONF"):
+    # A worker with settings of its own (JSON), e.g. its lock_on_redis_error.
+    app.conf.update(json.loads(os.environ["REDISLOCK_TEST_CONF"]))
+
+
 def configure(base: str) -> None:
     """Point the app at another Redis (the test process imports this module once)."""
     global BASE, _rec
@@ -373,6 +378,16 @@ def _connect_receivers() -> None:
         )
 
     celery_signals.task_retry.connect(on_retry, weak=False, dispatch_uid="tests.celery_app.retry")
+
+    def on_lost(sender=None, key=None, reason=None, **kw):
+        if "outage" not in (key or ""):
+            return  # only the store outage tests' locks
+        recorder().rpush(
+            "lock_lost",
+            json.dumps({"key": key, "reason": str(reason), "pid": os.getpid(), "at": time.time()}),
+        )
+
+    lock_signals.lock_lost.connect(on_lost, weak=False, dispatch_uid="tests.celery_app.lost")
 
     def on_postrun(sender=None, task_id=None, task=None, args=None, kwargs=None, state=None, **kw):
         if not isinstance(task, LockedTask) or task.name not in POSTRUN_TASKS:
