@@ -168,6 +168,10 @@ _SECONDS = (
 )
 
 
+#: Settings whose default is not None, where None means something (no limit).
+_NONE_IS_A_VALUE = ("redis_error_retries",)
+
+
 def validate(name: str, value: Any, where: str) -> None:
     """Check one setting or task option; ``where`` names it in the error."""
     if name in _SECONDS:
@@ -248,9 +252,12 @@ def from_conf(conf: Any) -> Settings:
                 + _spelling.suggestion(name, [*fields_by_key, *OTHER_KEYS])
             )
     values: dict[str, Any] = {}
+    written = {name for _, name in _spelling.keys_like(conf, "redislock_")}
     for key, name in fields_by_key.items():
         value = conf.get(key)
-        if value is not None:
+        if value is None and key in written and name in _NONE_IS_A_VALUE:
+            values[name] = None  # written as None: no limit, not the default
+        elif value is not None:
             validate(name, value, _spelling.spelled(conf, key))
             if name == "url" and not isinstance(value, str):
                 value = ";".join(value)  # a list of sentinels

@@ -185,6 +185,24 @@ def test_errors_name_the_key_as_a_namespaced_app_writes_it() -> None:
         app.close()
 
 
+def test_redis_error_retries_written_as_none_means_no_limit() -> None:
+    """Its default is 10: None, written, is no limit (not "the default")."""
+    assert from_conf({"redislock_url": "redis://h"}).redis_error_retries == 10
+    conf = {"redislock_url": "redis://h", "redislock_redis_error_retries": None}
+    assert from_conf(conf).redis_error_retries is None
+
+    class DjangoSettings:
+        CELERY_BROKER_URL = "redis://h:6379/0"
+        CELERY_REDISLOCK_REDIS_ERROR_RETRIES = None
+
+    app = Celery("namespaced-none", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    try:
+        assert config.settings_for(app).redis_error_retries is None
+    finally:
+        app.close()
+
+
 def test_settings_for_reads_app_conf_once_until_reset() -> None:
     app = Celery("config-tests", broker="redis://broker:6379/3", set_as_current=False)
     try:
