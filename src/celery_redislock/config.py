@@ -252,10 +252,10 @@ def from_conf(conf: Any) -> Settings:
                 + _spelling.suggestion(name, [*fields_by_key, *OTHER_KEYS])
             )
     values: dict[str, Any] = {}
-    written = {name for _, name in _spelling.keys_like(conf, "redislock_")}
+    given = {name for _, name in _spelling.keys_like(conf, "redislock_")}
     for key, name in fields_by_key.items():
         value = conf.get(key)
-        if value is None and key in written and name in _NONE_IS_A_VALUE:
+        if value is None and key in given and name in _NONE_IS_A_VALUE:
             values[name] = None  # written as None: no limit, not the default
         elif value is not None:
             validate(name, value, _spelling.spelled(conf, key))

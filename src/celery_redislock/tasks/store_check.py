@@ -35,7 +35,7 @@ def check_store(app: Any, settings: config.Settings) -> bool:
     """Ping ``app``'s lock store; log INFO when it answers, else one ERROR
     saying what locked runs will do.  Returns whether it answered."""
     _, source = config.store(app.conf)
-    store = f"{config.describe_store(settings.url or '')} (from {source})"
+    store = f"{config.describe_store(settings)} (from {source})"
     bound = min(settings.socket_timeout, BOUND)
     error = _ping(app, bound)
     if error is None:
