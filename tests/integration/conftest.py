@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from types import ModuleType
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 from celery_redislock.primitives import _keeper as renewal
+from tests.redis_server import RedisServer, free_port
 
 
 @pytest.fixture
@@ -92,3 +94,47 @@ def no_leaked_leases() -> Iterator[None]:
     for token in k.tokens():
         k.discard(token)
     assert leftover == [], "the test left leases in the keeper"
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server on TLS only, its self-signed certificate (for 127.0.0.1)
+    at ``server.tls_ca``; skipped without openssl or a TLS build."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    made = subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        capture_output=True,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"openssl could not make a certificate: {made.stderr!r}")
+    port = free_port()
+    server = RedisServer(
+        port,
+        extra=[
+            *("--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert)),
+            *("--tls-key-file", str(key), "--tls-ca-cert-file", str(cert)),
+            *("--tls-auth-clients", "no"),
+        ],
+    )
+    server.ping_options = {"ssl": True, "ssl_cert_reqs": "none"}
+    server.tls_ca = str(cert)  # type: ignore[attr-defined]
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(f"this redis-server has no TLS: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def unix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The path of a redis-server's unix socket."""
+    path = str(tmp_path_factory.mktemp("sock") / "redis.sock")
+    server = RedisServer(extra=["--unixsocket", path, "--unixsocketperm", "700"]).start()
+    yield path
+    server.stop()

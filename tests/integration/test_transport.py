@@ -279,45 +279,6 @@ def test_a_forked_child_never_sends_on_its_parents_pooled_connection(r: redis.Re
 # -- any client configuration ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    made = subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
-        ],
-        capture_output=True,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"openssl could not make a certificate: {made.stderr!r}")
-    port = free_port()
-    server = RedisServer(
-        port,
-        extra=[
-            *("--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert)),
-            *("--tls-key-file", str(key), "--tls-ca-cert-file", str(cert)),
-            *("--tls-auth-clients", "no"),
-        ],
-    )
-    server.ping_options = {"ssl": True, "ssl_cert_reqs": "none"}
-    try:
-        server.start()
-    except RuntimeError as exc:
-        pytest.skip(f"this redis-server has no TLS: {exc}")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def unix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    path = str(tmp_path_factory.mktemp("sock") / "redis.sock")
-    server = RedisServer(extra=["--unixsocket", path, "--unixsocketperm", "700"]).start()
-    yield path
-    server.stop()
-
-
 CONFIGURATIONS = {
     "single-connection": {"single_connection_client": True},
     "decode-responses": {"decode_responses": True},
