@@ -32,6 +32,11 @@ app.conf.update(
     result_expires=600,
     broker_connection_retry_on_startup=True,
 )
+if os.environ.get("REDISLOCK_TEST_LOCK_URL"):
+    # A worker whose lock store is a server of its own (test_park_durability.py).
+    app.conf.redislock_url = os.environ["REDISLOCK_TEST_LOCK_URL"]
+if os.environ.get("REDISLOCK_TEST_CONF"):
+    app.conf.update(json.loads(os.environ["REDISLOCK_TEST_CONF"]))
 
 
 @app.task(name="l.sem3", base=LockedTask, bind=True, semaphore=3, on_contention="wait")

@@ -26,6 +26,11 @@ and these keyword arguments:
   re-published, by the process whose script call granted it (the holder's
   release, or a park sweeper); ``sender`` is the task when this process has
   it registered, else None.
+- ``parked_lost(reason, republished, lost)``: a park sweeper found that the
+  lock store lost its data (``reason``); ``sender`` is the app.  Of the runs
+  this process had parked there, ``republished`` were re-published (they had
+  not started), and ``lost`` lists the task ids whose state it could not
+  learn: they may never run.  Alert on a non-empty ``lost``.
 
 ``waited`` and ``held`` cost a clock read each, taken only while the signal
 has receivers; ``task_republished`` is sent only then (a hot path sends
@@ -46,6 +51,7 @@ __all__ = [
     "lock_contended",
     "lock_lost",
     "lock_released",
+    "parked_lost",
     "task_duplicate",
     "task_republished",
     "task_skipped",
@@ -58,6 +64,7 @@ task_skipped = Signal(name="task_skipped")
 lock_lost = Signal(name="lock_lost")
 task_duplicate = Signal(name="task_duplicate")
 task_republished = Signal(name="task_republished")
+parked_lost = Signal(name="parked_lost")
 
 
 def _on_lease_lost(lease: Any, reason: str) -> None:

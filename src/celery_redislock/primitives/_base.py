@@ -379,7 +379,8 @@ class Primitive:
         deadline: Optional[float] = None,
     ) -> int:
         """One acquire call: 1 held, 0 not (queued or parked), -1 duplicate parked
-        run, -2 a claim whose job was superseded (see :attr:`superseded_by`)."""
+        run, -2 a claim whose job was superseded (see :attr:`superseded_by`),
+        -3 parked but not acknowledged by the replicas (taken back: not parked)."""
         args: list[Any] = [
             token,
             to_ms(self.ttl),
@@ -412,6 +413,10 @@ class Primitive:
                 self._undo(token, acked)
                 self._hand_over(reply[4:] if not isinstance(reply, int) else [])
                 return 0
+            if acked < self.replicas[0] and payload and int(reply[0]) == 0:
+                self._hand_over(reply[4:])
+                self._unpark(token, acked)
+                return -3
         if isinstance(reply, int):  # held, nothing to hand over: the bare fence
             self._granted(token, reply, sent)
             return 1
@@ -445,6 +450,26 @@ class Primitive:
         reply = self._script("release", self.RELEASE, self._release_args(token))
         if not isinstance(reply, int) and int(reply[0]):
             self._hand_over(reply[2:])
+
+    def _unpark(self, token: str, acked: int) -> None:
+        """Take back a parked entry the replicas did not acknowledge in time: a
+        failover now would lose it, and its message is in no broker any more."""
+        _keeper.logger.warning(
+            "%s %r: parked entry acknowledged by %d of %d replicas within %d ms; taken back",
+            self.kind,
+            self.name,
+            acked,
+            *self.replicas,  # type: ignore[misc]
+        )
+        k = self.keys
+        block = transport.KeyBlock(
+            [k.queue, k.meta, k.pmsg, k.inflight], transport.encoding_of(self.client)
+        )
+        reply = self._script("acquire", "park_drop", [token], block=block)
+        if reply and int(reply[1]):  # granted meanwhile: held under its token
+            released = self._script("release", self.RELEASE, self._release_args(token))
+            if not isinstance(released, int) and int(released[0]):
+                self._hand_over(released[2:])
 
     def _give_up(self, token: str) -> bool:
         """Leave the queue, within one connect timeout."""

@@ -24,14 +24,14 @@ from typing import Any, Optional
 from celery.exceptions import Retry
 
 from .. import config, signals
-from ..exceptions import AlreadyQueued, BackendUnavailable, TaskSuperseded
+from ..exceptions import AlreadyQueued, BackendUnavailable, LockContended, TaskSuperseded
 from ..primitives import Primitive
 from ..primitives.tokens import new_token, process
 from ..unique.run import UniqueRun, claim_in, duplicate_of
-from . import parking, policies, targets
+from . import park_recovery, parking, policies, targets
 from .hold import Hold
 from .messages import CALL_OPTIONS_HEADER, header, message_headers
-from .owners import owner_prefix
+from .owners import holder_task_id, owner_prefix
 
 __all__ = ["enter"]
 
@@ -232,6 +232,18 @@ def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
         return True
     if status == "superseded":
         return False
+    if status == "unreplicated":
+        # Not parked: its message goes back to the broker, a fresh arrival
+        # (without the park token: the entry under it is gone).
+        if request.headers:
+            request.headers.pop(parking.PARK_HEADER, None)
+        reason = LockContended(
+            f"{prim.kind} {prim.name!r}: parked entry not acknowledged by the replicas",
+            prim.key,
+            holder_task_id(prim.holder),
+            prim.holder_ttl_ms,
+        )
+        policies.retry_later(task, request, reason, prim, "park")
     if status == "duplicate":
         logger.warning(
             "%s[%s]: a second delivery of a parked run that already ran; dropped",
@@ -239,6 +251,7 @@ def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
             request.id,
         )
         raise policies.Parked("duplicate delivery of a parked run")
+    park_recovery.memory().add(token, task, request.id, prim, payload)
     if run is not None:
         run.parked()
     policies.parked(task, request, prim, kind)

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import threading
+import uuid
 import weakref
 from typing import Any, Optional
 
@@ -34,6 +35,7 @@ from ..primitives import Lock, Primitive, Semaphore
 from ..primitives import _scripts as scripts
 from ..primitives._base import Handoff
 from ..primitives.rwlock import Side
+from . import park_recovery
 
 __all__ = [
     "PARK_HEADER",
@@ -90,15 +92,17 @@ def acquire_or_park(
 
     Returns ``"held"``, ``"parked"``, ``"duplicate"`` when ``claim`` is
     set and that parked token's run has already claimed it (a second
-    delivery of the same re-published task), or ``"superseded"`` when the
+    delivery of the same re-published task), ``"superseded"`` when the
     primitive carries a unique job's claim and a newer publish replaced that
-    job.  ``order_ms`` places a parked entry in line (its publish time);
-    default: arrival.  One round trip.
+    job, or ``"unreplicated"`` when the primitive waits for replicas and they
+    did not acknowledge the parked entry in time (it was taken back).
+    ``order_ms`` places a parked entry in line (its publish time); default:
+    arrival.  One round trip.
     """
     if prim.token is not None:
         raise LockError(f"{prim.kind} {prim.name!r} is already held by this object", prim.key)
     status = prim._attempt(token, 0, payload, claim, order_ms)
-    return {1: "held", 0: "parked", -1: "duplicate", -2: "superseded"}[status]
+    return {1: "held", 0: "parked", -1: "duplicate", -2: "superseded", -3: "unreplicated"}[status]
 
 
 #: The recovery script of each kind of primitive.
@@ -158,8 +162,28 @@ def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = 
     return publish
 
 
+#: The hash tag of the recovery index and the store's epoch: a name starting
+#: with ``#`` that is no digest, so no lock's keys can share it.
+_TAG = "{#parked}"
+
+
 def index_key(prefix: str) -> str:
+    """The recovery index: primitives with parked runs, by when to check them."""
+    return f"{prefix}:{_TAG}:index"
+
+
+def epoch_key(prefix: str) -> str:
+    """The store's epoch, written once: gone when the store lost its data."""
+    return f"{prefix}:{_TAG}:epoch"
+
+
+def legacy_index_key(prefix: str) -> str:
+    """Where versions before 0.x kept the index (no hash tag); drained once."""
     return f"{prefix}:parked-index"
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def primitive(
@@ -191,9 +215,34 @@ def register(prim: Primitive, kind: Optional[str], check_after_ms: int) -> None:
 
 
 def _index(client: Any, prefix: str, args: list[Any]) -> Any:
-    """One call of the park index script (its key lives in its own slot)."""
-    block = transport.KeyBlock([index_key(prefix)], transport.encoding_of(client))
+    """One call of the park index script (its keys live in a slot of their own)."""
+    block = transport.KeyBlock(
+        [index_key(prefix), epoch_key(prefix)], transport.encoding_of(client)
+    )
     return transport.call(client, scripts.get("park_index"), block, args)
+
+
+def drain_legacy_index(client: Any, prefix: str) -> int:
+    """Move the members of the index an older version kept into this one's."""
+    old = legacy_index_key(prefix)
+    members = client.zrange(old, 0, -1)
+    for member in members:
+        _index(client, prefix, ["add", member, 1])
+    if members:
+        client.zrem(old, *members)
+        logger.info("moved %d name(s) from the recovery index %s", len(members), old)
+    return len(members)
+
+
+def republish_fresh(app: Any, payload: bytes) -> None:
+    """Publish a parked run's message again without its park token: the store
+    lost its entry, so it arrives as a new run (same task id, same place in line)."""
+    sig = app.signature(decode(payload))
+    headers = dict(sig.options.get("headers") or {})
+    headers.pop(PARK_HEADER, None)
+    sig.options["headers"] = headers
+    sig.options.pop(PARK_HEADER, None)
+    sig.apply_async()
 
 
 class Sweeper:
@@ -206,9 +255,15 @@ class Sweeper:
         self.pid = os.getpid()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="redislock-park-sweeper", daemon=True)
+        self.watch = park_recovery.Watch()
 
     def _run(self) -> None:
         settings = config.settings_for(self.app)
+        try:  # at once: the first sweep learns the store's epoch
+            drain_legacy_index(config.client_for(self.app), settings.key_prefix)
+            self.sweep()
+        except Exception:
+            logger.exception("park sweep failed")
         while not self.stop.wait(settings.park_sweep_interval):
             try:
                 self.sweep()
@@ -221,9 +276,19 @@ class Sweeper:
         client = config.client_for(self.app)
         prefix = settings.key_prefix
         claim_ms = int(settings.park_reserve * 1000)
-        due = _index(client, prefix, ["due", self.BATCH, claim_ms])
+        claimed = self.watch.before_sweep(client)
+        # (A new epoch each time: one written again after a loss must differ.)
+        reply = _index(client, prefix, ["due", self.BATCH, claim_ms, uuid.uuid4().hex])
+        epoch, run_id, due = text(reply[0]), text(reply[1]), reply[2:]
+        lost = self.watch.after_sweep(epoch, run_id)
+        if lost is not None:
+            logger.warning("the lock store %s; recovering the runs this process parked", lost)
+            park_recovery.recover(self.app, client, lost, republish_fresh)
+        else:
+            # Gone while the store kept its data: claimed by their runs.
+            park_recovery.memory().forget(claimed)
         for i in range(0, len(due), 2):
-            member = due[i].decode() if isinstance(due[i], bytes) else due[i]
+            member = text(due[i])
             claim = due[i + 1]
             kind, _, name = member.partition(":")
             try:

@@ -19,7 +19,7 @@ from typing import Any
 from celery import bootsteps
 
 from .. import config
-from . import configured, store_check
+from . import configured, durability, store_check
 from .task_rules import SETTING
 
 __all__ = ["WorkerStep"]
@@ -47,4 +47,5 @@ class WorkerStep(bootsteps.Step):  # type: ignore[misc]
                 pattern,
             )
         logger.info("celery_redislock: locked tasks: %s", configured.describe(app))
+        durability.check_durability(app, settings)  # warns when parked runs could be lost
         super().__init__(worker, **kwargs)
