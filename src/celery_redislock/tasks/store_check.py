@@ -76,19 +76,21 @@ def _ping(app: Any, bound: float) -> Optional[str]:
 def what_runs_do(app: Any, settings: config.Settings) -> str:
     """What each run of a locked task does while the store is unreachable, in
     words, as the settings say; tasks that set their own policy are named."""
-    said = f"{_policy(settings.on_redis_error, settings.redis_error_retries, settings)}"
+    said = _policy(settings.on_redis_error, settings.redis_error_retries, settings)
     said += f" (redislock_on_redis_error={settings.on_redis_error!r})"
+    usual = _policy(settings.on_redis_error, settings.redis_error_retries, settings, short=True)
     own = []
     for name in sorted(app.tasks):
         task = app.tasks[name]
         if not isinstance(task, LockedTask):
             continue
-        policy = task.lock_on_redis_error or settings.on_redis_error
-        retries = getattr(task, "lock_redis_error_retries", None)
+        retries = task.lock_redis_error_retries
         if retries is None:
             retries = settings.redis_error_retries
-        if (policy, retries) != (settings.on_redis_error, settings.redis_error_retries):
-            own.append(f"{name} {_policy(policy, retries, settings, short=True)}")
+        policy = task.lock_on_redis_error or settings.on_redis_error
+        does = _policy(policy, retries, settings, short=True)
+        if does != usual:
+            own.append(f"{name} {does}")
     if own:
         said += "; but " + ", ".join(own)
     return said
