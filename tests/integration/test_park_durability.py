@@ -218,3 +218,20 @@ def test_worker_start_check_reads_the_stores_persistence_or_says_it_cannot(
             assert expected in caplog.text, caplog.text
             assert "pw" not in caplog.text.replace("pw@", "")  # no password
             config.reset(app)
+
+
+def test_the_index_an_older_version_kept_is_drained_into_the_tagged_one(
+    r: redis.Redis,
+) -> None:
+    from celery_redislock.tasks import parking
+
+    prefix = f"drain-{uniq()}"
+    old = parking.legacy_index_key(prefix)
+    r.zadd(old, {"lock:a": 1, "sem:b": 2})
+    assert parking.drain_legacy_index(r, prefix) == 2
+    assert r.exists(old) == 0
+    assert {m.decode() for m in r.zrange(parking.index_key(prefix), 0, -1)} == {"lock:a", "sem:b"}
+    assert parking.index_key(prefix) == f"{prefix}:{{#parked}}:index"
+    assert parking.epoch_key(prefix) == f"{prefix}:{{#parked}}:epoch"
+    assert parking.drain_legacy_index(r, prefix) == 0  # once
+    r.delete(parking.index_key(prefix))

@@ -496,3 +496,82 @@ def test_double_grants_in_a_failovers_split_brain(topology: LocalSentinel, repli
         assert both == 0 and not any(held)
     else:
         assert both == len(names), (held, describe(done[0]))
+
+
+def test_min_replicas_to_write_ends_the_split_brains_double_grants(
+    topology: LocalSentinel,
+) -> None:
+    """The server-side remedy, without ``wait_replicas``: with
+    ``min-replicas-to-write 1`` on both data servers, the old master refuses
+    writes once its replica has left it (promoted), so a client still
+    connected there is granted nothing; the new master takes writes again once
+    the old one has joined it as its replica.  The same scenario without the
+    setting grants every name twice (test_double_grants_in_a_failovers_split_brain)."""
+    ports = topology.server_ports
+    for port in ports:
+        direct(port).config_set("min-replicas-to-write", 1)
+        direct(port).config_set("min-replicas-max-lag", 10)
+    try:
+        old = topology.master_port()
+        names = [unique("minrep") for _ in range(5)]
+        stale = direct(old)
+        stale.ping()
+        done: list[Failover] = []
+        runner = threading.Thread(target=lambda: done.append(topology.failover()))
+        runner.start()
+        new = next(p for p in topology.servers if p != old)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError):
+                if direct(new).execute_command("ROLE")[0] == b"master":
+                    break
+            time.sleep(0.005)
+        first = [Lock(stale, n, ttl=5.0, renew=False) for n in names]
+        held, refused = [], 0
+        for lock in first:
+            try:
+                held.append(lock.acquire(blocking=False))
+            except redis.ResponseError as exc:
+                assert "NOREPLICAS" in str(exc), exc
+                held.append(False)
+                refused += 1
+            except (redis.RedisError, BackendUnavailable):
+                held.append(False)
+        fresh = direct(new)
+        second = [Lock(fresh, n, ttl=5.0, renew=False) for n in names]
+        both = granted = 0
+        for b, ok in zip(second, held):
+            # The new master refuses writes too until its replica (the old
+            # master) has joined it: ask until it answers.
+            until = time.monotonic() + 20
+            while True:
+                try:
+                    got = b.acquire(blocking=False)
+                    break
+                except redis.ResponseError:
+                    if time.monotonic() > until:
+                        raise
+                    time.sleep(0.05)
+            granted += got
+            both += bool(ok and got)
+        runner.join(20)
+        for b in second:
+            if b.token is not None:
+                b.release()
+        for a in first:
+            a._token = None
+        stale.close()
+        fresh.close()
+        report(
+            "sentinel split-brain double grants, min-replicas-to-write 1",
+            names=5,
+            refused=refused,
+            double=both,
+        )
+        assert done, "the failover did not finish"
+        assert both == 0 and not any(held), (held, describe(done[0]))
+        assert granted == len(names)  # the new master grants them, once its replica is back
+    finally:
+        for port in ports:
+            with contextlib.suppress(redis.RedisError):
+                direct(port).config_set("min-replicas-to-write", 0)
