@@ -123,8 +123,8 @@ def listed_while_held(app: Any, conf: dict[str, Any], redis_base: str, job: str)
     held.get(timeout=10)
 
 
-def cli_ls(conf: dict[str, Any], redis_base: str) -> list[dict[str, Any]]:
-    """``celery -A tests.store_app redislock ls --json`` with ``conf``."""
+def cli(conf: dict[str, Any], redis_base: str, *args: str) -> str:
+    """The output of ``celery -A tests.store_app redislock ARGS`` with ``conf``."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -132,11 +132,15 @@ def cli_ls(conf: dict[str, Any], redis_base: str) -> list[dict[str, Any]]:
         "REDISLOCK_TEST_STORE_CONF": json.dumps(conf),
     }
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.store_app", "redislock", "ls", "--json"],
+        [sys.executable, "-m", "celery", "-A", "tests.store_app", "redislock", *args],
         capture_output=True, text=True, cwd=ROOT, timeout=60, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    listed: list[dict[str, Any]] = json.loads(out.stdout)
+    return out.stdout
+
+
+def cli_ls(conf: dict[str, Any], redis_base: str) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = json.loads(cli(conf, redis_base, "ls", "--json"))
     return listed
 
 
@@ -229,6 +233,8 @@ def test_a_cluster_lock_store_from_its_url(
     finally:
         client.close()
     listed_while_held(app, conf, redis_base, f"{job}-held")
+    checked = cli(conf, redis_base, "check")
+    assert f"lock store: {conf['redislock_url']} (from redislock_url), reached" in checked
     app.close()
 
 
