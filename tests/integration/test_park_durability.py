@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_redislock import config
+from celery_redislock import Lock, config
 from celery_redislock.primitives import keys
-from tests.helpers import report, wait_until
+from tests.helpers import TcpProxy, report, wait_until
 from tests.integration.task_helpers import limits_app, runs, uniq
 from tests.redis_server import RedisServer
 from tests.workers import Worker
@@ -51,14 +51,15 @@ AOF = ["--appendonly", "yes", "--appendfsync", "everysec"]
 class Store:
     """The lock store: one redis-server on a fixed port, restarted in place."""
 
-    def __init__(self, extra: list[str], replica: bool = False) -> None:
+    def __init__(self, extra: list[str], replica: bool = False, proxied: bool = False) -> None:
         self.server = RedisServer(extra=extra).start()
         self.client = redis.Redis(port=self.server.port)
         self.replica = None
+        #: The replica's link to the master, when ``proxied`` (to stall it).
+        self.proxy = TcpProxy("127.0.0.1", self.server.port) if proxied else None
         if replica:
-            self.replica = RedisServer(
-                extra=["--replicaof", "127.0.0.1", str(self.server.port)]
-            ).start()
+            port = self.proxy.port if self.proxy is not None else self.server.port
+            self.replica = RedisServer(extra=["--replicaof", "127.0.0.1", str(port)]).start()
             r = redis.Redis(port=self.replica.port)
             wait_until(lambda: r.info("replication").get("master_link_status") == "up", 10, 0.02)
             r.close()
@@ -76,6 +77,8 @@ class Store:
 
     def stop(self) -> None:
         self.client.close()
+        if self.proxy is not None:
+            self.proxy.close()
         if self.replica is not None:
             self.replica.stop()
         self.server.stop()
@@ -135,8 +138,8 @@ def scenario(app: Any, rec: redis.Redis, store: Store, worker: Worker) -> dict[s
 def store_factory() -> Iterator[Any]:
     made: list[Store] = []
 
-    def make(extra: list[str], replica: bool = False) -> Store:
-        made.append(Store(extra, replica))
+    def make(extra: list[str], replica: bool = False, proxied: bool = False) -> Store:
+        made.append(Store(extra, replica, proxied))
         return made[-1]
 
     yield make
@@ -235,3 +238,50 @@ def test_the_index_an_older_version_kept_is_drained_into_the_tagged_one(
     assert parking.epoch_key(prefix) == f"{prefix}:{{#parked}}:epoch"
     assert parking.drain_legacy_index(r, prefix) == 0  # once
     r.delete(parking.index_key(prefix))
+
+
+def test_a_park_the_replica_does_not_acknowledge_is_retried_not_parked(
+    redis_url: str, rec: redis.Redis, redis_base: str, store_factory: Any
+) -> None:
+    """With wait_replicas, a park whose entry the replica did not acknowledge
+    would be the message's only copy on one server: the run is re-sent through
+    the broker instead, and runs once when the lock frees."""
+    from celery_redislock.tasks import parking
+
+    app = limits_app(redis_url)
+    store = store_factory(AOF, replica=True, proxied=True)
+    worker = worker_for(
+        redis_base,
+        store,
+        "unacked",
+        redislock_wait_replicas=1,
+        redislock_wait_timeout_ms=200,
+        redislock_lock_retry_backoff=0.2,
+        redislock_lock_retry_backoff_max=0.5,
+    )
+    try:
+        job, tag = uniq("job"), uniq("unacked")
+        task = app.tasks["l.park"]
+        name = task.lock_name_for((job, tag, 0.05), {})
+        holder = Lock(store.client, name, ttl=20.0, renew=False, wait_replicas=1)
+        holder.on_handoff = parking.publisher(app)  # its release re-publishes the parked run
+        assert holder.acquire(blocking=False)
+        store.proxy.stall()  # replication held back: WAIT times out
+        result = task.apply_async((job, tag, 0.05))
+        wait_until(
+            lambda: "parked entry acknowledged by 0 of 1 replicas" in worker.output(),
+            15,
+            0.05,
+            "the park to be taken back",
+        )
+        store.proxy.resume()
+        pmsg = keys.lock_keys(config.settings_for(app).key_prefix, name).pmsg
+        wait_until(lambda: store.client.hlen(pmsg) == 1, 15, 0.05, "the retried run to park")
+        holder.release()
+        wait_until(lambda: runs(rec, tag), 15, 0.05, "the run")
+        time.sleep(0.5)
+        assert [r["id"] for r in runs(rec, tag)] == [result.id]  # once
+        retried = r"is held by task \w+; retry 1 in .* \(on_contention=park\)"
+        assert re.search(retried, worker.output())  # re-sent, not parked
+    finally:
+        worker.stop()

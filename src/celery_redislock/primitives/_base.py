@@ -414,6 +414,7 @@ class Primitive:
                 self._hand_over(reply[4:] if not isinstance(reply, int) else [])
                 return 0
             if acked < self.replicas[0] and payload and int(reply[0]) == 0:
+                self.holder, self.holder_ttl_ms = decode(reply[2]), int(reply[1])
                 self._hand_over(reply[4:])
                 self._unpark(token, acked)
                 return -3
