@@ -21,9 +21,9 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
-from . import _spelling, _validate, lock_store
+from . import _spelling, _validate, client_factory, lock_store
 from .exceptions import ConfigurationError
 
 __all__ = [
@@ -41,13 +41,6 @@ CONTENTION_POLICIES = ("retry", "skip", "wait", "fail", "park")
 DUPLICATE_ACTIONS = ("return", "raise", "replace")
 WAIT_FALLBACKS = ("retry", "fail")
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
-#: URL schemes of a broker or result backend the lock store follows.
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
-#: Where the transport options and TLS options of a followed broker or backend are.
-_FOLLOWED = {
-    "broker_url": ("broker_transport_options", "broker_use_ssl"),
-    "result_backend": ("result_backend_transport_options", "redis_backend_use_ssl"),
-}
 #: ``redislock_*`` keys this library reads besides the Settings fields.
 OTHER_KEYS: tuple[str, ...] = ("redislock_tasks",)
 
@@ -262,7 +255,7 @@ def from_conf(conf: Any) -> Settings:
             if name == "url" and not isinstance(value, str):
                 value = ";".join(value)  # a list of sentinels
             values[name] = value
-    source = _source(conf)
+    source = lock_store.source(conf)
     if "url" not in values:
         values["url"] = source.url
     if "transport_options" not in values and source.options:
@@ -283,52 +276,9 @@ def from_conf(conf: Any) -> Settings:
     return settings
 
 
-class _Source(NamedTuple):
-    """Where the lock store comes from: its URL and the setting naming it, the
-    options followed with it (from the broker's or backend's settings)."""
-
-    url: Optional[str]
-    setting: str
-    options: Optional[dict[str, Any]] = None
-    options_setting: str = "redislock_transport_options"
-    ssl: Optional[dict[str, Any]] = None
-    ssl_setting: str = "redislock_ssl"
-
-
-def _source(conf: Any) -> _Source:
-    if conf.get("redislock_client"):
-        return _Source(None, _spelling.spelled(conf, "redislock_client"))
-    url = conf.get("redislock_url")
-    if url:
-        setting = _spelling.spelled(conf, "redislock_url")
-        return _Source(url if isinstance(url, str) else ";".join(url), setting)
-    for key, (options_key, ssl_key) in _FOLLOWED.items():
-        value = conf.get(key)
-        parts = value if isinstance(value, (list, tuple)) else str(value or "").split(";")
-        parts = [p.strip() for p in parts if isinstance(p, str) and p.strip()]
-        if not parts or not parts[0].startswith(_REDIS_SCHEMES):
-            continue
-        setting = _spelling.spelled(conf, key)
-        ssl = conf.get(ssl_key) if isinstance(conf.get(ssl_key), dict) else None
-        ssl_setting = _spelling.spelled(conf, ssl_key)
-        if parts[0].startswith("sentinel://"):
-            # Sentinel's own options come along (the rest are kombu's or Celery's).
-            followed = conf.get(options_key) or {}
-            options = {k: v for k, v in followed.items() if k in lock_store.SENTINEL_OPTIONS}
-            sentinels = ";".join(p for p in parts if p.startswith("sentinel://"))
-            return _Source(
-                sentinels, setting, options, _spelling.spelled(conf, options_key), ssl, ssl_setting
-            )
-        first = parts[0]  # (a failover list of brokers: the first)
-        if first.startswith("redis+socket://"):
-            first = "unix://" + first[len("redis+socket://") :]
-        return _Source(first, setting, None, ssl=ssl, ssl_setting=ssl_setting)
-    return _Source(None, "")
-
-
 def store(conf: Any) -> tuple[Optional[str], str]:
     """(URL of the lock store or None, the setting it came from)."""
-    source = _source(conf)
+    source = lock_store.source(conf)
     return source.url, source.setting
 
 
@@ -351,18 +301,7 @@ def require_store(app: Any) -> Settings:
 
 def no_store(conf: Any) -> ConfigurationError:
     """The error of an app whose lock store is nowhere to be found."""
-    broker = str(conf.get("broker_url") or "not set").split("://")[0]
-    backend = str(conf.get("result_backend") or "not set").split("://")[0]
-    return ConfigurationError(
-        "celery_redislock needs a Redis lock store, and neither the broker "
-        f"({broker}) nor the result backend ({backend}) is Redis: set "
-        "redislock_url = 'redis://host:6379/0' in the app's configuration "
-        "(or rediss://, unix://, redis+socket://, "
-        "'sentinel://host:26379;sentinel://host2:26379' with "
-        "redislock_transport_options = {'master_name': 'mymaster'}, "
-        "'redis+cluster://host:7000,host:7001'), or redislock_client to a function "
-        "returning a redis-py client"
-    )
+    return lock_store.missing(conf)
 
 
 _lock = threading.Lock()
@@ -406,8 +345,8 @@ def client_for(app: Any) -> Any:
 
 def _connect(conf: Any, s: Settings) -> Any:
     if s.client is not None:
-        return lock_store.from_factory(s.client, _spelling.spelled(conf, "redislock_client"))
-    source = _source(conf)
+        return client_factory.from_factory(s.client, _spelling.spelled(conf, "redislock_client"))
+    source = lock_store.source(conf)
     options_setting = (
         _spelling.spelled(conf, "redislock_transport_options")
         if conf.get("redislock_transport_options") is not None

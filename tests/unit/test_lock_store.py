@@ -14,7 +14,7 @@ import pytest
 import redis
 from redis.sentinel import SentinelConnectionPool
 
-from celery_redislock import config, lock_store
+from celery_redislock import client_factory, config, lock_store
 from celery_redislock.config import from_conf, store
 from celery_redislock.exceptions import ConfigurationError
 
@@ -217,18 +217,18 @@ def test_every_form_is_described_without_its_password(url: str, options: Any, sh
 
 
 def test_a_client_factory_is_called_and_checked() -> None:
-    client = lock_store.from_factory(f"{__name__}:make_client")
+    client = client_factory.from_factory(f"{__name__}:make_client")
     assert kwargs_of(client)["db"] == 5
-    assert kwargs_of(lock_store.from_factory(f"{__name__}.make_client"))["db"] == 5
-    assert kwargs_of(lock_store.from_factory(make_client))["db"] == 5
+    assert kwargs_of(client_factory.from_factory(f"{__name__}.make_client"))["db"] == 5
+    assert kwargs_of(client_factory.from_factory(make_client))["db"] == 5
     with pytest.raises(
         ConfigurationError, match=r"redislock_client \(.*not_a_client\) returned str"
     ):
-        lock_store.from_factory(not_a_client)
+        client_factory.from_factory(not_a_client)
     with pytest.raises(ConfigurationError, match=r"redislock_client: cannot import 'nope\.mod:f'"):
-        lock_store.from_factory("nope.mod:f")
+        client_factory.from_factory("nope.mod:f")
     with pytest.raises(ConfigurationError, match="CELERY_REDISLOCK_CLIENT"):
-        lock_store.from_factory(f"{__name__}:SENTINELS", "CELERY_REDISLOCK_CLIENT")
+        client_factory.from_factory(f"{__name__}:SENTINELS", "CELERY_REDISLOCK_CLIENT")
     assert lock_store.describe(None, None, f"{__name__}:make_client") == (
         f"the client of {__name__}:make_client"
     )
