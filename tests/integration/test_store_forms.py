@@ -276,11 +276,6 @@ def test_a_unix_socket_lock_store(
     app.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the worker step still refuses a store without a URL (tasks/worker_step.py "
-    "must take its settings from config.require_store(app))",
-)
 def test_a_client_factory_is_called_once_per_process(
     redis_base: str, rec: redis.Redis, stopped: list[Worker], capp: ModuleType
 ) -> None:

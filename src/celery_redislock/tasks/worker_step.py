@@ -35,9 +35,7 @@ class WorkerStep(bootsteps.Step):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         app = worker.app
         config.reset(app)  # read app.conf as it is now, after every override
-        settings = config.settings_for(app)
-        if settings.url is None:
-            raise config.no_store(app.conf)
+        settings = config.require_store(app)  # a URL, or redislock_client
         configured.check_annotated(app)
         store_check.check_store(app, settings)  # logs the store: reached, or what runs will do
         for pattern in configured.unmatched(app):
