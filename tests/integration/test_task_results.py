@@ -80,14 +80,20 @@ def test_results_are_stored_as_celery_stores_them(
     rec: redis.Redis,
     locks: redis.Redis,
     redis_base: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     conf, reader = setup
     tag, failing, cb = uniq("res"), uniq("res-raise"), uniq("res-plain")
     # A locked run's SUCCESS, a locked run's FAILURE and a plain task's SUCCESS, from
     # one worker: every kind of store a LockedTask run used to touch.
-    first = capp.lt_outcome.apply_async((tag, "success"))
-    failed = capp.lt_outcome.apply_async((failing, "raise"))
-    plain = capp.lt_rec.apply_async((1, "two"), {"tag": cb, "label": "plain"})
+    # Sent by an app without a result backend: an app that sends a task with one
+    # subscribes to its result's channel, and the session's app would later read
+    # these results' messages, in another serializer, from its pub/sub connection.
+    sender = Celery("results-sender", broker=f"{redis_base}/1")
+    request.addfinalizer(sender.close)
+    first = sender.send_task(capp.lt_outcome.name, (tag, "success"))
+    failed = sender.send_task(capp.lt_outcome.name, (failing, "raise"))
+    plain = sender.send_task(capp.lt_rec.name, (1, "two"), {"tag": cb, "label": "plain"})
     meta = wait_stored(reader, first.id)
     value = meta["result"]
     assert meta["status"] == "SUCCESS", meta
@@ -106,7 +112,7 @@ def test_results_are_stored_as_celery_stores_them(
         results.close()
 
     # The same task id runs again and fails: its SUCCESS stays as it was stored.
-    capp.lt_outcome.apply_async((tag, "raise"), task_id=first.id)
+    sender.send_task(capp.lt_outcome.name, (tag, "raise"), task_id=first.id)
     posts = postruns(rec, first.id, 2, timeout=20)
     assert [p["state"] for p in posts] == ["SUCCESS", "FAILURE"]
     assert len(runs(rec, tag)) == 2
