@@ -22,6 +22,16 @@ import redis
 
 from celery_redislock.primitives import _keeper as renewal
 from tests.redis_server import RedisServer, free_port
+from tests.workers import Worker
+
+
+@pytest.fixture
+def stopped() -> Iterator[list[Worker]]:
+    """Workers a test starts (appends) and that are stopped after it."""
+    workers: list[Worker] = []
+    yield workers
+    for w in workers:
+        w.stop()
 
 
 @pytest.fixture

@@ -450,6 +450,23 @@ def test_a_waiter_blocked_during_a_failover_does_not_hang(
                     lock.release()
 
 
+def failing_over(topology: LocalSentinel, old: int) -> tuple[threading.Thread, list[Failover], int]:
+    """Start a failover away from ``old`` in a thread; return once the other
+    server answers as a master (the split brain: ``old`` still takes writes).
+    The thread, the list its Failover lands in, and the new master's port."""
+    done: list[Failover] = []
+    runner = threading.Thread(target=lambda: done.append(topology.failover()))
+    runner.start()
+    new = next(p for p in topology.servers if p != old)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError):
+            if direct(new).execute_command("ROLE")[0] == b"master":
+                break
+        time.sleep(0.005)
+    return runner, done, new
+
+
 @pytest.mark.parametrize("replicas", [0, 1], ids=["without", "with wait_replicas=1"])
 def test_double_grants_in_a_failovers_split_brain(topology: LocalSentinel, replicas: int) -> None:
     """During a failover the old master still takes writes until it is demoted.
@@ -461,16 +478,7 @@ def test_double_grants_in_a_failovers_split_brain(topology: LocalSentinel, repli
     names = [unique("split") for _ in range(5)]
     stale = direct(old)  # connected before the failover, as a worker's pool is
     stale.ping()
-    done: list[Failover] = []
-    runner = threading.Thread(target=lambda: done.append(topology.failover()))
-    runner.start()
-    new = next(p for p in topology.servers if p != old)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(redis.RedisError):
-            if direct(new).execute_command("ROLE")[0] == b"master":
-                break
-        time.sleep(0.005)
+    runner, done, new = failing_over(topology, old)
     first = [
         Lock(stale, n, ttl=5.0, renew=False, wait_replicas=replicas, wait_timeout_ms=100)
         for n in names
@@ -516,16 +524,7 @@ def test_min_replicas_to_write_ends_the_split_brains_double_grants(
         names = [unique("minrep") for _ in range(5)]
         stale = direct(old)
         stale.ping()
-        done: list[Failover] = []
-        runner = threading.Thread(target=lambda: done.append(topology.failover()))
-        runner.start()
-        new = next(p for p in topology.servers if p != old)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(redis.RedisError):
-                if direct(new).execute_command("ROLE")[0] == b"master":
-                    break
-            time.sleep(0.005)
+        runner, done, new = failing_over(topology, old)
         first = [Lock(stale, n, ttl=5.0, renew=False) for n in names]
         held, refused = [], 0
         for lock in first:

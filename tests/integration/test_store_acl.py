@@ -119,11 +119,3 @@ def test_the_documented_acl_rule_is_all_a_worker_and_the_inspect_api_need(
             locker.publish("redislock:channel", "x")
         assert locker.set("redislock:probe", 1)  # and allowed what it holds
         locker.delete("redislock:probe")
-
-
-@pytest.fixture
-def stopped() -> Iterator[list[Worker]]:
-    workers: list[Worker] = []
-    yield workers
-    for w in workers:
-        w.stop()

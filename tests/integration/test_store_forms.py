@@ -42,14 +42,6 @@ SENTINEL_PUBSUB_BROKEN = tuple(map(int, redis.__version__.split(".")[:3])) < (5,
 BODY = 0.25
 
 
-@pytest.fixture
-def stopped() -> Iterator[list[Worker]]:
-    workers: list[Worker] = []
-    yield workers
-    for w in workers:
-        w.stop()
-
-
 def store_worker(
     redis_base: str,
     stopped: list[Worker],

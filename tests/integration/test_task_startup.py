@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +74,6 @@ def worker_on(
         "T_DIR": str(tmp_path / "q"),
     }
     return Worker(redis_base, concurrency=1, name=module, app=module, env=env)
-
-
-@pytest.fixture
-def stopped() -> Iterator[list[Worker]]:
-    workers: list[Worker] = []
-    yield workers
-    for w in workers:
-        w.stop()
 
 
 def test_with_a_non_redis_broker_the_locks_go_to_the_redis_result_backend(
