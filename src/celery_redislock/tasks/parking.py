@@ -178,7 +178,7 @@ def epoch_key(prefix: str) -> str:
 
 
 def legacy_index_key(prefix: str) -> str:
-    """Where versions before 0.x kept the index (no hash tag); drained once."""
+    """The untagged index key of earlier development versions; drained once."""
     return f"{prefix}:parked-index"
 
 
