@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
-from . import _spelling, _validate, client_factory, lock_store
+from . import _spelling, _validate, client_factory, lock_store, store_source
 from .exceptions import ConfigurationError
 
 __all__ = [
@@ -255,7 +255,7 @@ def from_conf(conf: Any) -> Settings:
             if name == "url" and not isinstance(value, str):
                 value = ";".join(value)  # a list of sentinels
             values[name] = value
-    source = lock_store.source(conf)
+    source = store_source.source(conf)
     if "url" not in values:
         values["url"] = source.url
     if "transport_options" not in values and source.options:
@@ -278,7 +278,7 @@ def from_conf(conf: Any) -> Settings:
 
 def store(conf: Any) -> tuple[Optional[str], str]:
     """(URL of the lock store or None, the setting it came from)."""
-    source = lock_store.source(conf)
+    source = store_source.source(conf)
     return source.url, source.setting
 
 
@@ -301,7 +301,7 @@ def require_store(app: Any) -> Settings:
 
 def no_store(conf: Any) -> ConfigurationError:
     """The error of an app whose lock store is nowhere to be found."""
-    return lock_store.missing(conf)
+    return store_source.missing(conf)
 
 
 _lock = threading.Lock()
@@ -346,7 +346,7 @@ def client_for(app: Any) -> Any:
 def _connect(conf: Any, s: Settings) -> Any:
     if s.client is not None:
         return client_factory.from_factory(s.client, _spelling.spelled(conf, "redislock_client"))
-    source = lock_store.source(conf)
+    source = store_source.source(conf)
     options_setting = (
         _spelling.spelled(conf, "redislock_transport_options")
         if conf.get("redislock_transport_options") is not None

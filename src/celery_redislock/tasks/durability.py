@@ -20,6 +20,7 @@ from typing import Any, Optional
 from redis.exceptions import ResponseError
 
 from .. import config, transport
+from ..primitives._base import decode
 from . import task_rules
 from .locked_task import LockedTask
 
@@ -109,4 +110,4 @@ def _check(app: Any, parking: list[str]) -> None:
 def _config_get(client: Any, name: str) -> str:
     reply = client.config_get(name)
     value = reply.get(name, reply.get(name.encode(), "")) if isinstance(reply, dict) else ""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return decode(value)

@@ -34,6 +34,7 @@ from ..exceptions import LockError
 from ..primitives import Lock, Primitive, Semaphore
 from ..primitives import _scripts as scripts
 from ..primitives._base import Handoff
+from ..primitives._base import decode as text
 from ..primitives.rwlock import Side
 from . import park_recovery
 
@@ -180,10 +181,6 @@ def epoch_key(prefix: str) -> str:
 def legacy_index_key(prefix: str) -> str:
     """The untagged index key of earlier development versions; drained once."""
     return f"{prefix}:parked-index"
-
-
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def primitive(
