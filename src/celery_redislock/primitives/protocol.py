@@ -1,0 +1,415 @@
+"""The lock protocol without I/O: what each script call sends, and what its reply means.
+
+Every operation of a Lock, a Semaphore or a side of a ReadWriteLock is one
+call of a Lua script (``lua/``) on the primitive's keys (:mod:`.keys`).  This
+module builds those calls, as a script name, keys and arguments, and parses
+their replies into named results.  It holds no socket, no thread and no
+clock, and knows nothing of Celery: the sync primitives (:mod:`._base`) and
+the asyncio ones (:mod:`celery_redislock.asyncio`) are two drivers of it,
+sending the same calls to the same keys, so they share names, fences and
+queues, and hand over to each other.
+
+The results:
+
+- :class:`Granted`: held, with the fence of the grant;
+- :class:`Queued`: not held; in line (or parked) behind a holder whose lease
+  has ``holder_ttl_ms`` left;
+- :class:`Duplicate`: a parked run's second delivery, already claimed;
+- :class:`Superseded`: a unique job replaced by a newer publish;
+- :class:`Released`: released (``held``), or found not held (the lease ran out);
+- :class:`Recovered`: a recovery sweep's next check.
+
+Every result of a call that can serve the queue carries ``handoffs``: the
+parked runs (token, payload) that call granted, for their parker to re-publish.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple, Optional, Protocol, Union
+
+from .keys import LockKeys, MultiKeys
+
+__all__ = [
+    "DEFAULT_RESERVE_MS",
+    "FOREVER_MS",
+    "GRACE_MS",
+    "AcquireResult",
+    "Call",
+    "Duplicate",
+    "Granted",
+    "Handoff",
+    "Kind",
+    "Mode",
+    "Queued",
+    "Recovered",
+    "Released",
+    "Superseded",
+    "acquire",
+    "acquire_args",
+    "cancel",
+    "decode",
+    "extend",
+    "lead_key",
+    "lease_keys",
+    "lease_start",
+    "park_drop",
+    "parse_acquire",
+    "parse_park_drop",
+    "parse_recover",
+    "parse_release",
+    "parse_wake",
+    "recover",
+    "release",
+    "release_args",
+    "retoken",
+    "script_keys",
+    "to_ms",
+]
+
+#: A waiter's place in line is dropped this long after it should have woken.
+GRACE_MS = 2000
+#: "Wait forever", as sent to the scripts (they compare milliseconds).
+FOREVER_MS = 2**40
+#: How long a parked entry granted by a script call may take to claim its grant.
+DEFAULT_RESERVE_MS = 10000
+
+#: (token, payload) of a parked entry that a script call granted.
+Handoff = tuple[str, bytes]
+Keys = Union[LockKeys, MultiKeys]
+
+
+class Claim(Protocol):
+    """A unique job's claim carried by a run's acquire and release (see unique.py)."""
+
+    @property
+    def key(self) -> str: ...
+
+    def arg(self) -> str: ...
+
+
+class Scripts(NamedTuple):
+    """The scripts of one kind of primitive (names of ``lua/<name>.lua``)."""
+
+    acquire: str
+    release: str
+    cancel: str
+    extend: str
+    recover: str
+
+
+_MUTEX = Scripts("lock_acquire", "lock_release", "lock_cancel", "lock_extend", "lock_recover")
+_MULTI = Scripts("multi_acquire", "multi_release", "multi_cancel", "multi_extend", "multi_recover")
+
+
+class Kind(enum.Enum):
+    """The kind of a primitive: its scripts, its keys and what it is called."""
+
+    LOCK = "lock"
+    SEMAPHORE = "semaphore"
+    RWLOCK = "rwlock"
+
+    @property
+    def noun(self) -> str:
+        """What messages call it: "lock", "semaphore", "read-write lock"."""
+        return _NOUNS[self]
+
+    @property
+    def infix(self) -> Optional[str]:
+        """The part of its key names after the tag (``sem``, ``rw``); None for a lock."""
+        return _INFIXES[self]
+
+    @property
+    def scripts(self) -> Scripts:
+        return _MUTEX if self is Kind.LOCK else _MULTI
+
+    @property
+    def multi(self) -> bool:
+        """Whether its holders live in a sorted set (a semaphore, a read-write lock)."""
+        return self is not Kind.LOCK
+
+    @classmethod
+    def of_infix(cls, infix: Optional[str]) -> Kind:
+        """The kind whose key infix is ``infix`` (None, ``"sem"``, ``"rw"``)."""
+        for kind, known in _INFIXES.items():
+            if known == infix:
+                return kind
+        raise ValueError(f"no kind of primitive has the key infix {infix!r}")
+
+
+_NOUNS = {Kind.LOCK: "lock", Kind.SEMAPHORE: "semaphore", Kind.RWLOCK: "read-write lock"}
+_INFIXES = {Kind.LOCK: None, Kind.SEMAPHORE: "sem", Kind.RWLOCK: "rw"}
+
+
+class Mode(str, enum.Enum):
+    """How a semaphore or read-write lock is held; the value is what the scripts read."""
+
+    PERMIT = "s"  #: one of a semaphore's permits
+    READ = "r"  #: a shared hold of a read-write lock
+    WRITE = "x"  #: the exclusive hold of a read-write lock
+
+    @property
+    def noun(self) -> str:
+        return _MODE_NOUNS[self]
+
+
+_MODE_NOUNS = {Mode.PERMIT: "semaphore", Mode.READ: "read lock", Mode.WRITE: "write lock"}
+
+
+class Call(NamedTuple):
+    """One script call: the script's name, its keys and its arguments."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+
+
+# -- results ---------------------------------------------------------------------
+
+
+class Granted(NamedTuple):
+    """Held: ``fence`` is the fencing token of this grant."""
+
+    fence: int
+    handoffs: list[Handoff]
+
+
+class Queued(NamedTuple):
+    """Not held: in line (or parked) behind ``holder``, whose lease has
+    ``holder_ttl_ms`` left; ``server_ms`` is the server's clock at the call."""
+
+    holder: str
+    holder_ttl_ms: int
+    server_ms: int
+    handoffs: list[Handoff]
+
+
+class Duplicate(NamedTuple):
+    """A parked run's second delivery: its token had already claimed the grant."""
+
+    handoffs: list[Handoff]
+
+
+class Superseded(NamedTuple):
+    """A unique job that a newer publish replaced (by job ``by``): refused."""
+
+    by: str
+    handoffs: list[Handoff]
+
+
+AcquireResult = Union[Granted, Queued, Duplicate, Superseded]
+
+
+class Released(NamedTuple):
+    """``held``: the caller held it and released it; else its lease had run out."""
+
+    held: bool
+    handoffs: list[Handoff]
+
+
+class Recovered(NamedTuple):
+    """A recovery sweep: when (server ms) to sweep again, -1 when nothing is parked."""
+
+    next_check_ms: int
+    handoffs: list[Handoff]
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def to_ms(seconds: float) -> int:
+    """Seconds as the scripts' whole milliseconds, at least 1."""
+    return max(1, int(seconds * 1000))
+
+
+def decode(value: Any) -> str:
+    """A reply item as text."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def handoffs(items: Any) -> list[Handoff]:
+    """The (token, payload) pairs at the end of a reply."""
+    if not items:
+        return []
+    return [(decode(items[i]), items[i + 1]) for i in range(0, len(items) - 1, 2)]
+
+
+def script_keys(keys: Keys, claim: Optional[Claim] = None) -> list[str]:
+    """The keys of every acquire, release and cancel call of a primitive."""
+    found = list(keys.script_keys)
+    if claim is not None:
+        found.append(claim.key)
+    return found
+
+
+def lease_keys(keys: Keys) -> list[str]:
+    """The keys of the renewal call (the lease lives in the first)."""
+    if isinstance(keys, LockKeys):
+        return [keys.lock]
+    return [keys.holders, keys.info]
+
+
+# -- calls -------------------------------------------------------------------------
+
+
+def acquire_args(
+    keys: Keys,
+    token: str,
+    lease_ms: int,
+    wait_ms: int,
+    keep_ms: int,
+    *,
+    mode: Optional[Mode] = None,
+    limit: int = 0,
+    payload: bytes | str = "",
+    reserve_ms: int = DEFAULT_RESERVE_MS,
+    parked_run: bool = False,
+    order_ms: Optional[float] = None,
+    claim: Optional[Claim] = None,
+) -> list[Any]:
+    """The arguments of an acquire call: take it now or queue ``token``
+    (``wait_ms`` 0: do not queue); park ``payload`` instead when given.
+    ``mode`` and ``limit`` for a semaphore or a side of a read-write lock."""
+    args: list[Any] = [token, lease_ms, wait_ms, keys.wake, GRACE_MS, keep_ms]
+    if payload or parked_run or mode is not None or claim is not None:
+        # Left out when not parking (the common, hot path): the script defaults them.
+        args += [
+            payload,
+            reserve_ms,
+            1 if parked_run else 0,
+            "" if order_ms is None else order_ms,
+        ]
+        if mode is not None:
+            args += [mode.value, limit]
+        if claim is not None:
+            args.append(claim.arg())
+    return args
+
+
+def acquire(kind: Kind, keys: Keys, token: str, *args: Any, **options: Any) -> Call:
+    """The acquire call (arguments: :func:`acquire_args`)."""
+    claim = options.get("claim")
+    return Call(
+        kind.scripts.acquire,
+        script_keys(keys, claim),
+        acquire_args(keys, token, *args, **options),
+    )
+
+
+def release_args(
+    keys: Keys,
+    token: str,
+    keep_ms: int,
+    *,
+    reserve_ms: int = DEFAULT_RESERVE_MS,
+    claim: Optional[Claim] = None,
+    prefix_match: bool = False,
+) -> list[Any]:
+    """The arguments of a release of ``token``'s hold (with ``prefix_match``,
+    of every token it starts: a supervisor reaping a dead child's holds)."""
+    if claim is not None:
+        return [token, keys.wake, keep_ms, 1 if prefix_match else 0, reserve_ms, claim.arg()]
+    if reserve_ms == DEFAULT_RESERVE_MS and not prefix_match:
+        return [token, keys.wake, keep_ms]
+    return [token, keys.wake, keep_ms, 1 if prefix_match else 0, reserve_ms]
+
+
+def release(kind: Kind, keys: Keys, token: str, keep_ms: int, **options: Any) -> Call:
+    """The release call (arguments: :func:`release_args`)."""
+    return Call(
+        kind.scripts.release,
+        script_keys(keys, options.get("claim")),
+        release_args(keys, token, keep_ms, **options),
+    )
+
+
+def cancel(
+    kind: Kind, keys: Keys, token: str, keep_ms: int, reserve_ms: int = DEFAULT_RESERVE_MS
+) -> Call:
+    """A waiter gives up its place; its reply parses with :func:`parse_acquire`
+    (Granted when a release granted it just before)."""
+    return Call(kind.scripts.cancel, script_keys(keys), [token, keys.wake, reserve_ms, keep_ms])
+
+
+def extend(kind: Kind, keys: Keys, token: str, lease_ms: int) -> Call:
+    """Renew ``token``'s lease to ``lease_ms`` from now; the reply is 1 or 0."""
+    return Call(kind.scripts.extend, lease_keys(keys), [token, lease_ms])
+
+
+def recover(kind: Kind, keys: Keys, keep_ms: int, reserve_ms: int = DEFAULT_RESERVE_MS) -> Call:
+    """Re-grant the parked runs nobody else would wake; reply: :func:`parse_recover`."""
+    return Call(kind.scripts.recover, script_keys(keys), [keys.wake, reserve_ms, keep_ms])
+
+
+def park_drop(keys: Keys, token: str) -> Call:
+    """Take parked run ``token`` out of line; reply: :func:`parse_park_drop`."""
+    return Call("park_drop", [keys.queue, keys.meta, keys.pmsg, keys.inflight], [token])
+
+
+def retoken(kind: Kind, keys: Keys, old: str, new: str) -> Call:
+    """Move a hold from token ``old`` to ``new``; the reply is 1, or 0 when
+    ``old`` held nothing any more."""
+    return Call("retoken", script_keys(keys), [old, new, "m" if kind.multi else ""])
+
+
+# -- replies -----------------------------------------------------------------------
+
+
+def parse_acquire(reply: Any) -> AcquireResult:
+    """The outcome of an acquire (or cancel) call."""
+    if isinstance(reply, int):  # held, nothing to hand over: the bare fence
+        return Granted(reply, [])
+    status = int(reply[0])
+    granted = handoffs(reply[4:])
+    if status == 1:
+        return Granted(int(reply[1]), granted)
+    if status == 0:
+        return Queued(decode(reply[2]), int(reply[1]), int(reply[3]), granted)
+    if status == -1:
+        return Duplicate(granted)
+    if status == -2:
+        return Superseded(decode(reply[2]), granted)
+    raise ValueError(f"unknown acquire reply status {status!r}")
+
+
+def parse_release(reply: Any) -> Released:
+    if isinstance(reply, int):
+        return Released(bool(reply), [])
+    return Released(bool(int(reply[0])), handoffs(reply[2:]))
+
+
+def parse_recover(reply: Any) -> Recovered:
+    return Recovered(int(reply[0]), handoffs(reply[1:]))
+
+
+def parse_park_drop(reply: Any) -> Optional[tuple[bytes, bool]]:
+    """(payload, whether it had been granted: held under its token), or None
+    when the token was not parked there."""
+    if not reply:
+        return None
+    return reply[0], bool(int(reply[1]))
+
+
+def parse_wake(popped: bytes) -> tuple[int, Optional[int]]:
+    """A wake-up pushed by a release: (fence, server ms of the grant or None)."""
+    fence, _, granted_ms = popped.partition(b":")
+    return int(fence), int(granted_ms) if granted_ms else None
+
+
+def lease_start(sent: float, server_ms: int, granted_ms: Optional[int]) -> float:
+    """The local time a handed-over lease began, at the earliest.
+
+    ``sent`` is the local time the waiter's last acquire call was sent and
+    ``server_ms`` the server's clock in its reply.  The server read its clock
+    after that send, so the send time moved by the server time that passed
+    between that call and the grant is never later than the grant: the local
+    lease never outlasts the server's.
+    """
+    if granted_ms is None:
+        return sent
+    return sent + (granted_ms - server_ms) / 1000.0
+
+
+def lead_key(keys: Keys) -> str:
+    """The key that exists while the primitive is held (where its lease lives)."""
+    return keys.lock if isinstance(keys, LockKeys) else keys.holders
