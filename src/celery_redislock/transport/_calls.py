@@ -46,10 +46,10 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from . import _cluster, _own
+from . import _cluster, _encode, _own
 from ._checkout import checkin as _checkin
 from ._checkout import checkout as _checkout
-from ._encode import KeyBlock, pack_command
+from ._encode import KeyBlock
 from ._errors import drop_demoted, translated, unauthenticated
 
 _record: Any
@@ -153,7 +153,7 @@ def call(
     after the call, on the same connection and in the same round trip; the
     result is then ``(reply, replicas that acknowledged)``.
     """
-    wait = None if replicas is None else pack_command("WAIT", *replicas)
+    wait = None if replicas is None else _encode.command("WAIT", *replicas)
     pool = _pool_of(client)
     if pool is None and deadline is not None and isinstance(client, RedisCluster):
         return _on_node_by(client, script, block, args, sends, deadline, replicas)
@@ -171,10 +171,10 @@ def call(
 def _loaded_roundtrip(
     pool: Any,
     script: Script,
-    packed: bytes,
+    packed: Any,
     sends: Optional[list[int]],
     deadline: Optional[float],
-    wait: Optional[bytes],
+    wait: Any,
     load: Callable[[Any], Any],
 ) -> Any:
     """:func:`_roundtrip`, sent again after ``load(script.script)`` when the
@@ -204,7 +204,7 @@ def _on_node_by(
     would wait on a stalled node for as long as its socket timeout, and
     retry under the cluster's policy), following MOVED while time is left."""
     packed = block.evalsha(script.sha, args)
-    wait = None if replicas is None else pack_command("WAIT", *replicas)
+    wait = None if replicas is None else _encode.command("WAIT", *replicas)
     pool = _cluster.pool_for(client, block.keys[0])
     for _ in range(_cluster.REDIRECTS):
         load = functools.partial(_load_on, pool)
@@ -268,7 +268,7 @@ def call_soon(
 
     def send() -> None:
         conn.connect()  # (no-op when connected; see _roundtrip)
-        conn.send_packed_command([packed])
+        _encode.send(conn, [packed])
 
     try:
         conn.retry.call_with_retry(send, lambda error: conn.disconnect())
@@ -496,10 +496,10 @@ def _plain(kind: Any) -> bool:
 
 def _roundtrip(
     pool: Any,
-    packed: bytes,
+    packed: Any,
     sends: Optional[list[int]] = None,
     deadline: Optional[float] = None,
-    then: Optional[bytes] = None,
+    then: Any = None,
 ) -> list[Any]:
     """Send ``packed`` (and ``then`` after it, in the same write) on a
     connection of ``pool``; their replies.  An error reply to ``packed``
@@ -539,7 +539,7 @@ def _roundtrip(
             # reconnect to the host it had, since redis-py 6).
             conn.connect()
         tries[0] += 1
-        conn.send_packed_command(commands)
+        _encode.send(conn, commands)
         return read(False)
 
     def send_and_read_by_deadline() -> list[Any]:
@@ -549,7 +549,7 @@ def _roundtrip(
             try:
                 # (A no-op when connected; see send_and_read.)
                 _own.connect(conn, deadline)
-                conn.send_packed_command(commands)
+                _encode.send(conn, commands)
                 return read(True)
             except ResponseError:
                 raise

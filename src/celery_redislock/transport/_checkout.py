@@ -74,6 +74,10 @@ _STEPS = frozenset(
     }
 )
 
+#: Whether :func:`checkout` takes the mirrored steps (read per call; the
+#: benchmark of bench/transport_paths.py turns it off to compare).
+MIRRORED = True
+
 #: Set on a connection taken by the mirrored checkout: its metrics are owed.
 _OWED = "_celery_redislock_checkout_owed"
 #: A connection's (socket, poll object) for the check.
@@ -100,7 +104,7 @@ def mirrored() -> bool:
 
 def checkout(pool: Any) -> Any:
     """A connection of ``pool`` for one call, ready to send on."""
-    if type(pool) is redis.ConnectionPool and pool.pid == os.getpid() and mirrored():
+    if MIRRORED and type(pool) is redis.ConnectionPool and pool.pid == os.getpid() and mirrored():
         with pool._lock:
             idle = pool._available_connections
             conn = idle.pop() if idle else None

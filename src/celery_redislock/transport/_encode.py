@@ -10,7 +10,24 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KeyBlock", "pack_arg", "pack_command"]
+__all__ = ["KeyBlock", "command", "pack_arg", "pack_command", "send"]
+
+#: Whether commands are packed here (else by the connection, at send time;
+#: read per call: bench/transport_paths.py turns it off to compare).
+HAND_PACKED = True
+
+
+def command(*args: Any, encoding: str = "utf-8") -> Any:
+    """A command to :func:`send`: packed here, or its arguments."""
+    return pack_command(*args, encoding=encoding) if HAND_PACKED else args
+
+
+def send(conn: Any, commands: list[Any]) -> None:
+    """Write ``commands`` (each packed here, or arguments) on ``conn``."""
+    if type(commands[0]) is bytes:
+        conn.send_packed_command(commands)
+    else:
+        conn.send_packed_command(conn.pack_commands(commands))
 
 
 class KeyBlock:
@@ -29,8 +46,10 @@ class KeyBlock:
         #: (script sha, number of args) -> the command up to its first argument.
         self.heads: dict[tuple[str, int], bytes] = {}
 
-    def evalsha(self, sha: str, args: list[Any]) -> bytes:
+    def evalsha(self, sha: str, args: list[Any]) -> Any:
         """``EVALSHA sha <keys> <args>``, packed as the Redis protocol sends it."""
+        if not HAND_PACKED:
+            return ("EVALSHA", sha, len(self.keys), *self.encoded, *args)
         head = self.heads.get((sha, len(args)))
         if head is None:
             n = 3 + len(self.keys) + len(args)

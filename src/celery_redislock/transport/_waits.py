@@ -18,8 +18,7 @@ from typing import Any, Optional
 import redis
 from redis.cluster import RedisCluster
 
-from . import _cluster, _own
-from ._encode import pack_command
+from . import _cluster, _encode, _own
 
 __all__ = ["MARGIN", "wait_pop"]
 
@@ -67,15 +66,15 @@ def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> O
     conn = _own.take(pool)
     encoding = pool.connection_kwargs.get("encoding", "utf-8")
     seconds = max(0.001, timeout)
-    commands = [pack_command("BLPOP", key, f"{seconds:.3f}", encoding=encoding)]
+    commands = [_encode.command("BLPOP", key, f"{seconds:.3f}", encoding=encoding)]
     if asking:
-        commands.insert(0, pack_command("ASKING", encoding=encoding))
+        commands.insert(0, _encode.command("ASKING", encoding=encoding))
     reading = False
     try:
         # connect() first, as a pool does: a Sentinel connection asks where the
         # master is now (a bare send would reconnect to the host it had).
         _own.connect(conn, read_by)
-        conn.send_packed_command(commands)
+        _encode.send(conn, commands)
         # Blocked in the read itself until the reply comes, or until read_by.
         _own.read_until(conn, read_by)
         reading = True
