@@ -18,20 +18,18 @@ connection's ``send_packed_command`` and read with its ``read_response``.
 Nothing here knows about locks or Celery.
 """
 
-from ._calls import (
+from ._batch import call_batch
+from ._calls import call
+from ._encode import KeyBlock, encoding_of
+from ._errors import (
     UNREACHABLE,
     DeadlineExceeded,
     NotReplicated,
-    Reply,
     ReplyLost,
-    call,
-    call_batch,
-    call_soon,
-    encoding_of,
+    refused_as_too_old,
 )
-from ._encode import KeyBlock
-from ._errors import refused_as_too_old
 from ._own import connect_timeout
+from ._reply import Reply, call_soon
 from ._waits import wait_pop
 
 __all__ = [

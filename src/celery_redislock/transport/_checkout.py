@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 
 from . import _own
 
-__all__ = ["checkin", "checkout"]
+__all__ = ["checkin", "checkout", "pool_of"]
 
 #: Everything a mirrored ``get_connection()`` may refer to (redis-py 5.0 to 8.1).
 _STEPS = frozenset(
@@ -82,6 +82,29 @@ MIRRORED = True
 _OWED = "_celery_redislock_checkout_owed"
 #: A connection's (socket, poll object) for the check.
 _POLL = "_celery_redislock_poll"
+
+
+def pool_of(client: Any) -> Any:
+    """The pool a call borrows a connection from, or None: a client whose
+    commands go through its ``execute_command`` (see :mod:`._execute`)."""
+    if type(client) is redis.Redis or (isinstance(client, redis.Redis) and _plain(type(client))):
+        pool = client.connection_pool
+        # Not a single-connection client, nor a client-side caching pool (whose
+        # connections answer some reads from the cache: only its own commands
+        # keep that bookkeeping straight).
+        if client.connection is None and getattr(pool, "cache", None) is None:
+            return pool
+    return None
+
+
+@functools.cache
+def _plain(kind: Any) -> bool:
+    """Whether a redis.Redis subclass sends commands the way redis.Redis does."""
+    return all(
+        getattr(kind, name) is getattr(redis.Redis, name)
+        for name in ("execute_command", "_execute_command", "parse_response")
+        if hasattr(redis.Redis, name)
+    )
 
 
 @functools.cache

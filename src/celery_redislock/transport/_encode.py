@@ -8,9 +8,10 @@ count, keys) ready to append the call's few arguments to.
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Callable
 
-__all__ = ["KeyBlock", "command", "pack_arg", "pack_command", "send"]
+__all__ = ["KeyBlock", "command", "encoding_of", "pack_arg", "pack_command", "send"]
 
 #: Whether commands are packed here (else by the connection, at send time;
 #: read per call: bench/transport_paths.py turns it off to compare).
@@ -91,3 +92,26 @@ def pack_arg(value: Any, encoding: str = "utf-8") -> bytes:
 def pack_command(*args: Any, encoding: str = "utf-8") -> bytes:
     """A whole command (name first), packed."""
     return b"*%d\r\n" % len(args) + b"".join([pack_arg(a, encoding) for a in args])
+
+
+#: (client, weakly; its encoding) of the client asked about last: a task run
+#: builds a primitive, which asks, and a worker's runs use one client.
+_last_encoding: tuple[Callable[[], Any], str] = (lambda: None, "utf-8")
+
+
+def encoding_of(client: Any) -> str:
+    """The encoding ``client`` sends strings in (redis-py's default: UTF-8)."""
+    global _last_encoding
+    ref, encoding = _last_encoding
+    if ref() is client and client is not None:
+        return encoding
+    try:
+        encoding = str(client.get_encoder().encoding)
+    except AttributeError:
+        return "utf-8"
+    try:
+        ref = weakref.ref(client)
+    except TypeError:  # (not weakly referable: asked again next time)
+        return encoding
+    _last_encoding = (ref, encoding)
+    return encoding

@@ -1,4 +1,8 @@
-"""Error replies to a script call, raised as redis-py raises them from Redis 7.
+"""What the transport raises, and error replies raised the same on every Redis.
+
+:data:`UNREACHABLE` lists the errors that mean "the lock store cannot be
+reached or take writes now"; :class:`DeadlineExceeded`, :class:`ReplyLost`
+and :class:`NotReplicated` are the transport's own.
 
 Redis before 7.0 wraps the error reply of a command a script runs in one
 generic error::
@@ -29,11 +33,55 @@ from redis.exceptions import (
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
+    TimeoutError,
     TryAgainError,
 )
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
-__all__ = ["drop_demoted", "refused_as_too_old", "translated", "unauthenticated"]
+__all__ = [
+    "UNREACHABLE",
+    "DeadlineExceeded",
+    "NotReplicated",
+    "ReplyLost",
+    "drop_demoted",
+    "refused_as_too_old",
+    "translated",
+    "unauthenticated",
+]
+
+#: Errors that mean "the lock store could not be reached or cannot take
+#: writes now", as opposed to a bad command: every ConnectionError (which
+#: includes LOADING, NOAUTH, WRONGPASS and "max number of clients"), timeouts,
+#: a replica answering READONLY, and a cluster that is down or resharding.
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    ReadOnlyError,
+    ClusterDownError,
+    TryAgainError,
+    OSError,
+)
+
+
+class DeadlineExceeded(TimeoutError):
+    """No reply came before the caller's deadline (see :func:`~._calls.call`)."""
+
+
+class ReplyLost(ConnectionError):
+    """The connection broke after a command was sent, before its reply was read:
+    the command may or may not have run."""
+
+
+class NotReplicated(Exception):
+    """A call ran, but fewer replicas than asked acknowledged it in time."""
+
+    def __init__(self, acked: int, wanted: int, reply: Any = None) -> None:
+        super().__init__(f"{acked} of {wanted} replicas acknowledged in time")
+        self.acked = acked
+        self.wanted = wanted
+        #: What the call itself replied.
+        self.reply = reply
+
 
 #: The inner error of a command a script ran, as Redis 6 and earlier report it.
 _WRAPPED = re.compile(
