@@ -1,0 +1,24 @@
+"""Lock, Semaphore and ReadWriteLock for asyncio, over ``redis.asyncio``.
+
+The asyncio driver of the primitives' protocol
+(:mod:`celery_redislock.primitives.protocol`): the same keys, scripts, queues
+and fences as the sync :class:`celery_redislock.Lock` and friends, so a sync
+holder hands over to an asyncio waiter and back.  Clients: ``redis.asyncio.Redis``
+(also ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``) and
+``redis.asyncio.cluster.RedisCluster``.
+
+Modules: ``primitive.py`` (acquire-or-wait, release, extend), ``lock.py``,
+``semaphore.py``, ``rwlock.py``; ``calls.py`` (script calls, the one place
+they are sent), ``waits.py`` (wake-up waits), ``renewal.py`` (one renewal
+task per event loop and client), ``cancellation.py``.  What it may import:
+the standard library, redis-py, :mod:`celery_redislock.primitives`,
+:mod:`celery_redislock.transport`'s public names, and the package's
+exceptions and validators.  Never Celery.
+"""
+
+from .lock import Lock
+from .primitive import Primitive
+from .rwlock import ReadWriteLock
+from .semaphore import Semaphore
+
+__all__ = ["Lock", "Primitive", "ReadWriteLock", "Semaphore"]

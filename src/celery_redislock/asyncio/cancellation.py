@@ -1,0 +1,52 @@
+"""Finishing what must not be left half done when the caller is cancelled.
+
+A release that is cancelled after it was sent may or may not have run; one
+cancelled before it was sent has not.  Either way the caller would be left
+not knowing whether it still holds the lock, and nobody would release it.
+So a release (and the clean-up of an acquire that will not return True) runs
+in a task of its own, shielded: a cancellation of the caller waits for that
+task to finish, then goes on; a second cancellation stops the waiting (the
+task still finishes, in the background).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["complete"]
+
+T = TypeVar("T")
+
+#: Tasks left to finish on their own after their caller was cancelled twice
+#: (the event loop keeps only weak references to tasks).
+_finishing: set[asyncio.Future[Any]] = set()
+
+
+async def complete(work: Coroutine[Any, Any, T]) -> T:
+    """``await work``, which runs to its end even if the caller is cancelled:
+    the caller's cancellation is raised once ``work`` is over (whatever its
+    outcome), or at once on a second cancellation."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError as cancelled:
+        if not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.done():
+                    _finishing.add(task)
+                    task.add_done_callback(_finished)
+                    raise
+            except Exception:  # its outcome is not the caller's to see: it was cancelled
+                pass
+        _finished(task)
+        raise cancelled
+
+
+def _finished(task: asyncio.Future[Any]) -> None:
+    _finishing.discard(task)
+    if not task.cancelled():
+        task.exception()  # (retrieved: asyncio would report it as never retrieved)

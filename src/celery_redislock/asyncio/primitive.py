@@ -1,0 +1,455 @@
+"""The asyncio driver of the lock protocol: acquire-or-wait, release, extend.
+
+It sends the calls :mod:`celery_redislock.primitives.protocol` builds, to
+the same keys with the same scripts as the sync primitives, and acts on the
+replies the protocol parses, in the same steps as the sync driver:
+
+- ``acquire`` is one script call.  Contended and blocking, the script has
+  queued the caller (FIFO) and returned the holder's remaining lease; the
+  caller then waits on its wake list (BLPOP, :mod:`.waits`), which a release
+  pushes the fence to when it hands over.  The wait is bounded by the
+  holder's lease: a crashed holder costs at most that, after which the
+  caller asks again, keeping its place.  Giving up sends a cancel, which also
+  catches a grant that raced with the timeout.
+- ``release`` is one script call that also hands over to the next in line.
+- While held, the event loop's renewal task (:mod:`.renewal`) renews the lease.
+
+Cancellation leaves nothing behind: a cancelled ``acquire`` leaves the
+queue (a grant that raced with the cancellation is released), and a
+cancelled ``release`` still releases (:mod:`.cancellation`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional, Union
+
+from redis.exceptions import ResponseError
+
+from .. import _validate
+from ..exceptions import (
+    BackendUnavailable,
+    BackendUnsupported,
+    ConfigurationError,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+)
+from ..primitives import arguments, protocol
+from ..primitives.keys import LockKeys, MultiKeys
+from ..primitives.protocol import Call, Granted, Handoff, Kind, Queued
+from ..primitives.tokens import new_token
+from ..transport import UNREACHABLE, DeadlineExceeded, refused_as_too_old
+from . import calls, renewal
+from .cancellation import complete
+from .waits import Waiter
+
+__all__ = ["Primitive"]
+
+#: Consecutive failed waits (the wait connection broke) before acquire gives up.
+_WAIT_FAILURES = 2
+#: A wait that ends this close to the caller's deadline was its last one, s.
+_LAST_WAIT = 0.05
+
+
+def unreachable(op: str, key: str, exc: BaseException) -> BackendUnavailable:
+    error = BackendUnavailable(f"Redis unreachable during {op} of {key!r}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def too_old(op: str, key: str, exc: BaseException) -> BackendUnsupported:
+    error = BackendUnsupported(
+        f"Redis refused the {op} script of {key!r} as a syntax error, as a server before "
+        f"Redis 6.2 refuses its SET ... GET: celery_redislock needs Redis 6.2 or later ({exc})"
+    )
+    error.__cause__ = exc
+    return error
+
+
+class Primitive:
+    """Base of the asyncio Lock, Semaphore and the sides of ReadWriteLock."""
+
+    kind: Kind
+    keys: Union[LockKeys, MultiKeys]  # set by the subclass
+
+    #: Called with the parked runs (token, payload) that a call of this object
+    #: granted, for their parker to re-publish (a coroutine function may be
+    #: given); None: they are logged, and re-published when their
+    #: reservation lapses.
+    on_handoff: Optional[Callable[[list[Handoff]], Any]] = None
+    #: How long a parked entry this object's calls grant may take to claim it.
+    reserve_ms: int = protocol.DEFAULT_RESERVE_MS
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        prefix: str = "redislock",
+        timeout: Optional[float] = None,
+        renew: bool = True,
+        renew_interval: Optional[float] = None,
+        owner: str = "",
+        on_lost: Optional[Callable[[Any, str], None]] = None,
+        fence_retention: float = arguments.DEFAULT_FENCE_RETENTION,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = arguments.DEFAULT_WAIT_TIMEOUT_MS,
+    ) -> None:
+        replicas = arguments.check(
+            self.noun,
+            name,
+            ttl,
+            timeout=timeout,
+            renew_interval=renew_interval,
+            prefix=prefix,
+            fence_retention=fence_retention,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+        )
+        if replicas is not None:
+            raise ConfigurationError(
+                f"wait_replicas of {self.noun} {name!r}: the asyncio primitives do not wait "
+                f"for replicas; leave it 0, or use the sync primitives, got {wait_replicas!r}"
+            )
+        self.client = client
+        self.name = name
+        self.ttl = float(ttl)
+        self.timeout = None if timeout is None else float(timeout)
+        self.renew_interval = float(renew_interval) if renew_interval is not None else ttl / 3
+        self.renew = renew
+        self.owner = owner
+        self.on_lost = on_lost
+        self.prefix = prefix
+        self.fence_retention = float(fence_retention)
+        #: The fence key outlives every lease (a retried acquire reads it back).
+        self._keep_ms = protocol.to_ms(max(self.fence_retention, self.ttl))
+        #: Fencing token of the current hold, or None when not held.
+        self.fence: Optional[int] = None
+        #: True once renewal (or release) found that the lease ran out while held.
+        self.lost = False
+        #: A holder's token and remaining lease (ms) seen by the last failed acquire.
+        self.holder: Optional[str] = None
+        self.holder_ttl_ms: Optional[int] = None
+        #: Local monotonic time the current lease began, at the earliest.
+        self.granted_at: Optional[float] = None
+        self._token: Optional[str] = None
+        #: Local send time and server time (ms) of the last queued attempt.
+        self._sent = 0.0
+        self._server_ms = 0
+        #: Local time the lease ends by, at the earliest, as far as this object knows.
+        self._lease_until = 0.0
+        self._renewer: Optional[renewal.Renewer] = None
+
+    # -- what subclasses provide ---------------------------------------------
+
+    @property
+    def noun(self) -> str:
+        """What messages call it ("lock", "semaphore", "read lock"...)."""
+        return self.kind.noun
+
+    def _acquire_options(self) -> dict[str, Any]:
+        """Keyword arguments of the acquire call (mode, limit)."""
+        return {}
+
+    # -- plumbing --------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """The key that exists while the primitive is held (the lease lives there)."""
+        return protocol.lead_key(self.keys)
+
+    @property
+    def token(self) -> Optional[str]:
+        """The owner token of the current hold, or None."""
+        return self._token
+
+    def __repr__(self) -> str:
+        state = f"held fence={self.fence}" if self._token else "not held"
+        return f"<{type(self).__name__} {self.name!r} {state} (asyncio)>"
+
+    async def _call(self, op: str, call: Call, deadline: Optional[float] = None) -> Any:
+        """One script call on the primitive's keys: one round trip."""
+        try:
+            return await calls.run(self.client, call, deadline)
+        except UNREACHABLE as exc:
+            raise unreachable(op, self.key, exc) from exc
+        except ResponseError as exc:
+            if refused_as_too_old(exc):
+                raise too_old(op, self.key, exc) from exc
+            raise
+
+    async def _redis(self, op: str, command: Awaitable[Any]) -> Any:
+        """A plain redis-py command, with "cannot reach Redis" as BackendUnavailable."""
+        try:
+            return await command
+        except UNREACHABLE as exc:
+            raise unreachable(op, self.key, exc) from exc
+
+    async def _hand_over(self, handoffs: list[Handoff]) -> None:
+        if not handoffs:
+            return
+        if self.on_handoff is None:
+            renewal.logger.error(
+                "%s %r granted %d parked task(s) but has no on_handoff to re-publish them; "
+                "they are re-published when their reservation lapses",
+                self.noun,
+                self.name,
+                len(handoffs),
+            )
+            return
+        result = self.on_handoff(handoffs)
+        if inspect.isawaitable(result):
+            await result
+
+    # -- acquire ---------------------------------------------------------
+
+    async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take it; True when held, False when not (non-blocking, or timed out).
+
+        ``timeout`` None with ``blocking`` waits forever; with a timeout it
+        returns by then, plus one connect timeout at most.
+        """
+        if timeout is not None:
+            if not blocking:
+                raise ValueError("can't specify a timeout for a non-blocking acquire")
+            _validate.check_seconds(timeout, f"acquire timeout of {self.noun} {self.name!r}")
+        if self._token is not None:
+            raise LockError(f"{self.noun} {self.name!r} is already held by this object", self.key)
+        token = new_token(self.owner)
+        try:
+            if not blocking:
+                return isinstance(await self._attempt(token, 0), Granted)
+            return await self._wait_for_grant(token, timeout)
+        except BackendUnavailable:
+            raise  # (Redis unreachable: a place in line lapses by itself)
+        except BaseException:
+            # Cancelled (or an on_handoff failed): leave no place in line, and
+            # release a grant the caller will not know of.
+            await complete(self._abandon(token))
+            raise
+
+    async def _wait_for_grant(self, token: str, timeout: Optional[float]) -> bool:
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        # With a timeout, every call is bounded by it too (a stalled
+        # connection, a reconnect), and giving up by one connect timeout more.
+        by = None if timeout is None else deadline
+
+        async def attempt() -> Optional[protocol.AcquireResult]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None  # out of time: give up below
+            wait = protocol.FOREVER_MS if left == math.inf else max(1, int(left * 1000))
+            try:
+                return await self._attempt(token, wait, by)
+            except BackendUnavailable as exc:
+                if isinstance(exc.__cause__, DeadlineExceeded):
+                    return None  # out of time: give up below
+                raise
+
+        waiter = Waiter(self.client)
+        try:
+            result = await attempt()
+            failures = 0
+            while not isinstance(result, Granted):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return await self._give_up(token)
+                # Wait until a release hands over, or until the holder's lease
+                # would have run out (it may have crashed); then ask again.
+                block = min(left, max(self.holder_ttl_ms or 1, 1) / 1000.0 + 0.002)
+                try:
+                    popped = await waiter.pop(self.keys.wake + token, block, by)
+                except UNREACHABLE as exc:
+                    failures += 1
+                    if failures >= _WAIT_FAILURES:
+                        await complete(self._abandon(token))
+                        raise unreachable("acquire", self.key, exc) from exc
+                    popped = None
+                else:
+                    failures = 0
+                if popped is None and time.monotonic() >= deadline - _LAST_WAIT:
+                    # The wait ran to the deadline (ending a little early, to be
+                    # read by then): give up at the deadline, not before; a grant
+                    # made meanwhile is found by the give-up.
+                    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+                    return await self._give_up(token)
+                if popped is not None:
+                    fence, granted_ms = protocol.parse_wake(popped)
+                    start = protocol.lease_start(self._sent, self._server_ms, granted_ms)
+                    if start + self.ttl > time.monotonic():
+                        self._granted(token, fence, start)
+                        return True
+                    # The wake-up came too late (a stalled loop): the lease it
+                    # granted may have run out, and even been granted again.
+                    # Ask once more with the same token: a lease still ours is
+                    # renewed and confirmed, else we queue.
+                result = await attempt()
+            return True
+        finally:
+            await waiter.close()
+
+    async def _attempt(
+        self, token: str, wait_ms: int, deadline: Optional[float] = None
+    ) -> protocol.AcquireResult:
+        """One acquire call (queueing for ``wait_ms``; 0: not queueing)."""
+        call = protocol.acquire(
+            self.kind,
+            self.keys,
+            token,
+            protocol.to_ms(self.ttl),
+            wait_ms,
+            self._keep_ms,
+            **self._acquire_options(),
+        )
+        sent = time.monotonic()
+        result = protocol.parse_acquire(await self._call("acquire", call, deadline))
+        if isinstance(result, Granted):
+            self._granted(token, result.fence, sent)
+        elif isinstance(result, Queued):
+            self.holder, self.holder_ttl_ms = result.holder, result.holder_ttl_ms
+            self._sent, self._server_ms = sent, result.server_ms
+        await self._hand_over(result.handoffs)
+        return result
+
+    def _granted(self, token: str, fence: int, start: float) -> None:
+        """Held under ``token``; ``start`` is the local time the lease began at
+        the earliest (renewal and the lost timer count from there)."""
+        self._token = token
+        self.fence = fence
+        self.granted_at = start
+        self._lease_until = start + self.ttl
+        self.lost = False
+        self.holder = self.holder_ttl_ms = None
+        if self.renew:
+            self._renewer = renewal.renewer_for(self.client)
+            self._renewer.add(self, token)
+
+    async def _give_up(self, token: str) -> bool:
+        """Leave the queue, within one connect timeout; True when a release
+        granted it just before (confirmed)."""
+        by = time.monotonic() + calls.connect_timeout(self.client)
+        call = protocol.cancel(self.kind, self.keys, token, self._keep_ms, self.reserve_ms)
+        result = protocol.parse_acquire(await self._call("acquire", call, by))
+        await self._hand_over(result.handoffs)
+        if not isinstance(result, Granted):
+            return False
+        # Granted just in time, at a moment we do not know: confirm it, which
+        # renews the lease from now.
+        return isinstance(await self._attempt(token, 0, by), Granted)
+
+    async def _abandon(self, token: str) -> None:
+        """Undo an acquire that will not return True: leave the queue, and
+        release a grant (recorded, or found by the cancel call)."""
+        try:
+            if self._token != token and not await self._give_up(token):
+                return
+            await self._release(token)
+        except (BackendUnavailable, LockError):
+            pass  # a place in line is dropped once its wait is over; a lease runs out
+
+    # -- release / extend ------------------------------------------------------
+
+    async def release(self) -> None:
+        """Release and hand over to the next in line (one round trip).
+
+        Raises LockNotOwned when this object does not hold it, and LockLost
+        when it did but its lease ran out (whoever holds it now is untouched).
+        A cancelled release still releases: the cancellation is raised once
+        the release is over.
+        """
+        token = self._token
+        if token is None:
+            raise LockNotOwned(f"cannot release {self.noun} {self.name!r}: not acquired", self.key)
+        await complete(self._release(token))
+
+    async def _release(self, token: str) -> None:
+        fence = self.fence
+        if self._renewer is not None:
+            self._renewer.discard(token)  # (first: no renewal goes out after the release)
+        # Still held until the reply says otherwise: a release that fails
+        # (BackendUnavailable) may be called again; else the lease runs out.
+        call = protocol.release(
+            self.kind, self.keys, token, self._keep_ms, reserve_ms=self.reserve_ms
+        )
+        released = protocol.parse_release(await self._call("release", call))
+        if self._token == token:
+            self._token = self.fence = None
+        if not released.held:
+            # Redis found nothing to release.  The client's retry policy may
+            # have sent the call twice (the first ran, its reply was lost):
+            # while the lease should still be alive and nobody was granted
+            # the name after us (the fence is still ours), nobody overlapped.
+            if time.monotonic() < self._lease_until and await self._no_grant_since(fence):
+                return
+            self.lost = True
+            raise LockLost(
+                f"{self.noun} {self.name!r} (fence {fence}) had expired before release; "
+                "another owner may have held it since",
+                self.key,
+            )
+        await self._hand_over(released.handoffs)
+
+    async def _no_grant_since(self, fence: Optional[int]) -> bool:
+        try:
+            last = await self._redis("release", self.client.get(self.keys.fence))
+        except BackendUnavailable:
+            return False
+        return last is not None and fence is not None and int(last) == fence
+
+    async def extend(self, ttl: Optional[float] = None) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the primitive's ttl) from now."""
+        token = self._token
+        if token is None:
+            raise LockNotOwned(f"cannot extend {self.noun} {self.name!r}: not acquired", self.key)
+        seconds = float(_validate.check_seconds(ttl, "extend ttl", optional=True) or self.ttl)
+        sent = time.monotonic()
+        call = protocol.extend(self.kind, self.keys, token, protocol.to_ms(seconds))
+        if int(await self._call("extend", call)):
+            self._lease_until = sent + seconds
+            return
+        if self._token == token:
+            self._token = None
+        if self._renewer is not None:
+            self._renewer.discard(token)
+        self._mark_lost("extend found the lease gone")
+        raise LockLost(f"cannot extend {self.noun} {self.name!r}: its lease had expired", self.key)
+
+    # -- context manager -----------------------------------------------------
+
+    async def __aenter__(self) -> Any:
+        if not await self.acquire(timeout=self.timeout):
+            raise LockTimeout(
+                f"could not acquire {self.noun} {self.name!r} within {self.timeout} s; "
+                f"held by {self.holder!r} for another {self.holder_ttl_ms} ms",
+                self.key,
+                self.holder,
+                self.holder_ttl_ms,
+            )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.release()
+
+    # -- renewal hooks (the renewal task calls these) ----------------------------
+
+    def _renew_call(self, token: str) -> Call:
+        return protocol.extend(self.kind, self.keys, token, protocol.to_ms(self.ttl))
+
+    def _renewed(self, sent: float) -> None:
+        self._lease_until = sent + self.ttl
+
+    def _mark_lost(self, reason: str) -> None:
+        self.lost = True
+        if self.on_lost is not None:
+            try:
+                self.on_lost(self, reason)
+            except Exception:
+                renewal.logger.exception("on_lost callback of %r failed", self)
+        renewal.notify_lost(self, reason)

@@ -1,0 +1,188 @@
+"""Lease renewal for the asyncio primitives: one task per event loop and client.
+
+Each client's leases held in one event loop are renewed by one task, which
+sends every renewal of a round together: one pipeline, so one round trip
+per round (per node on a cluster), however many leases are held.  A round
+starts when the first lease is due (its ``renew_interval`` after its last
+good renewal) and renews them all.  A lease is marked lost when a renewal
+finds it gone, or when its ttl has passed since the send of its last good
+renewal, whether or not that renewal's reply ever came (a renewal is not
+awaited past the first lease's end).  Lost means what it means for the sync
+primitives: the holder sees ``lost``, its ``on_lost`` is called, and the
+``lock_lost`` listeners are told (:func:`celery_redislock.primitives._keeper.notify_lost`).
+
+Leases are held weakly: a primitive dropped without ``release()`` stops
+being renewed and its lease runs out.  The task ends when nothing is left
+to renew, and a new one starts with the next grant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from typing import Any, Optional
+
+from ..primitives._keeper import notify_lost
+from ..transport import DeadlineExceeded
+from . import calls
+
+__all__ = ["ERROR_RETRY", "Renewer", "notify_lost", "renewer_for", "renewers"]
+
+logger = logging.getLogger("celery_redislock.renewal")
+
+#: How soon a client is tried again after a failed renewal, in seconds.
+ERROR_RETRY = 1.0
+
+
+class _Entry:
+    """One lease being kept alive: its renewal call, and the lease, weakly."""
+
+    __slots__ = ("call", "interval", "last_ok", "next_due", "ref", "token", "ttl")
+
+    def __init__(self, lease: Any, token: str) -> None:
+        self.ref = weakref.ref(lease)
+        self.token = token
+        self.ttl: float = lease.ttl
+        self.interval: float = lease.renew_interval
+        self.call = lease._renew_call(token)
+        # The lease began when it was granted, not when this task heard.
+        self.last_ok: float = lease.granted_at or time.monotonic()
+        self.next_due = self.last_ok + self.interval
+
+
+class Renewer:
+    """Renews the leases of one client in one event loop; get it with :func:`renewer_for`."""
+
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.loop = loop
+        self.entries: dict[str, _Entry] = {}
+        self._task: Optional[asyncio.Task[None]] = None
+        self._wake = asyncio.Event()
+        #: Renewal rounds sent (one round trip per server each), for tests and stats.
+        self.round_trips = 0
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def add(self, lease: Any, token: str) -> None:
+        """Keep ``lease`` (held under ``token``) renewed until :meth:`discard`."""
+        self.entries[token] = _Entry(lease, token)
+        if self._task is None:
+            _registry(self.loop)[id(self.client)] = self
+            self._task = self.loop.create_task(self._run(), name="redislock-renew")
+        else:
+            self._wake.set()
+
+    def discard(self, token: str) -> None:
+        self.entries.pop(token, None)
+        if not self.entries:
+            self._wake.set()  # nothing left: the task ends now rather than at its next round
+
+    def held(self) -> list[Any]:
+        """The leases being renewed (those still referenced elsewhere)."""
+        leases = [entry.ref() for entry in self.entries.values()]
+        return [lease for lease in leases if lease is not None]
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                now = time.monotonic()
+                for token in [t for t, e in self.entries.items() if e.ref() is None]:
+                    del self.entries[token]  # dropped without release: let it run out
+                for entry in [e for e in self.entries.values() if now - e.last_ok >= e.ttl]:
+                    self._lost(
+                        entry,
+                        f"no renewal succeeded within the lease ({entry.ttl:g} s): the event "
+                        "loop stalled, or Redis was unreachable",
+                    )
+                if not self.entries:
+                    return
+                due = min(e.next_due for e in self.entries.values())
+                if due <= now:
+                    await self._renew(list(self.entries.values()))
+                    continue
+                until = min(due, *(e.last_ok + e.ttl for e in self.entries.values()))
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), until - now)
+        except Exception:  # a bug must not pass unseen; the next grant starts a new task
+            logger.exception("lease renewal failed unexpectedly")
+        finally:
+            self._task = None
+            registry = _registry(self.loop)
+            if registry.get(id(self.client)) is self:
+                del registry[id(self.client)]
+
+    async def _renew(self, entries: list[_Entry]) -> None:
+        started = time.monotonic()
+        self.round_trips += 1
+        # Not awaited past the end of the first lease: that one is lost then.
+        bound = max(0.001, min(e.last_ok + e.ttl for e in entries) - started)
+        try:
+            batch = calls.run_batch(self.client, [e.call for e in entries])
+            results = await asyncio.wait_for(batch, bound)
+        except asyncio.TimeoutError:
+            results = [DeadlineExceeded(f"no reply within {bound:.3f} s")] * len(entries)
+        failed: list[tuple[_Entry, BaseException]] = []
+        for entry, result in zip(entries, results):
+            if self.entries.get(entry.token) is not entry:
+                continue  # released (or lost) while the renewal was in flight
+            if isinstance(result, BaseException):
+                failed.append((entry, result))
+            elif int(result):
+                entry.last_ok = started
+                entry.next_due = started + entry.interval
+                lease = entry.ref()
+                if lease is not None:
+                    lease._renewed(started)
+            else:
+                self._lost(entry, "the lease had expired or was taken over before renewal")
+        if failed:
+            logger.error(
+                "cannot renew %d lease(s), retrying in %g s: %r",
+                len(failed),
+                ERROR_RETRY,
+                failed[0][1],
+            )
+            now = time.monotonic()
+            for entry, _ in failed:
+                entry.next_due = now + min(ERROR_RETRY, entry.interval)
+
+    def _lost(self, entry: _Entry, reason: str) -> None:
+        if self.entries.get(entry.token) is entry:
+            del self.entries[entry.token]
+        lease = entry.ref()
+        if lease is not None and lease.token == entry.token:
+            lease._mark_lost(reason)
+
+
+#: Event loop -> id(client) -> the renewer of that client's leases in that loop.
+_renewers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Renewer]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _registry(loop: asyncio.AbstractEventLoop) -> dict[int, Renewer]:
+    found = _renewers.get(loop)
+    if found is None:
+        found = _renewers[loop] = {}
+    return found
+
+
+def renewer_for(client: Any) -> Renewer:
+    """The renewer of ``client``'s leases in the running event loop."""
+    loop = asyncio.get_running_loop()
+    renewer = _registry(loop).get(id(client))
+    if renewer is None or renewer.client is not client:
+        renewer = Renewer(client, loop)  # (registered when it starts)
+    return renewer
+
+
+def renewers() -> list[Renewer]:
+    """The running renewers of the running event loop."""
+    return list(_registry(asyncio.get_running_loop()).values())

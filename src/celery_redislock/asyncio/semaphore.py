@@ -1,0 +1,63 @@
+"""Semaphore: the asyncio face of :class:`celery_redislock.Semaphore`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _validate
+from ..primitives import keys
+from ..primitives.keys import MultiKeys
+from ..primitives.protocol import Call, Kind, Mode
+from .primitive import Primitive
+
+__all__ = ["Semaphore", "count_holders", "holders_call", "owned_call"]
+
+
+def holders_call(k: MultiKeys) -> Call:
+    """How many holders have a live lease (``multi_count``); the reply is the count."""
+    return Call("multi_count", [k.holders], [])
+
+
+def owned_call(k: MultiKeys, token: str) -> Call:
+    """Whether ``token`` holds a live lease (``multi_owned``); the reply is 1 or 0."""
+    return Call("multi_owned", [k.holders], [token])
+
+
+async def count_holders(prim: Primitive) -> int:
+    """Live holders of the semaphore or read-write lock of ``prim`` (one round trip)."""
+    return int(await prim._call("count", holders_call(prim.keys)))  # type: ignore[arg-type]
+
+
+class Semaphore(Primitive):
+    """A counting semaphore in Redis, for asyncio: at most ``limit`` holders.
+
+    The same semaphore as :class:`celery_redislock.Semaphore` (keys,
+    scripts, queue, fences): sync and asyncio holders share its permits.
+    One object holds at most one permit; use one object per concurrent
+    holder.  Accepts the keyword options of :class:`Lock`.
+    """
+
+    kind = Kind.SEMAPHORE
+    mode = Mode.PERMIT
+    keys: MultiKeys
+
+    def __init__(
+        self, client: Any, name: str, limit: int, ttl: float = 30.0, **options: Any
+    ) -> None:
+        super().__init__(client, name, ttl, **options)
+        _validate.check_count(limit, f"limit of {self.noun} {name!r}")
+        self.limit = limit
+        self.keys = keys.multi_keys(self.prefix, self.name, self.kind.infix or "")
+
+    def _acquire_options(self) -> dict[str, Any]:
+        return {"mode": self.mode, "limit": self.limit}
+
+    async def holders(self) -> int:
+        """How many holders have a live lease now (one round trip)."""
+        return await count_holders(self)
+
+    async def owned(self) -> bool:
+        """Whether this object holds a live permit, as Redis sees it (one round trip)."""
+        if self._token is None:
+            return False
+        return bool(int(await self._call("owned", owned_call(self.keys, self._token))))
