@@ -54,7 +54,7 @@ def blocked(start: Callable[[], Any], client: redis.Redis) -> threading.Thread:
 
 def hand_over(client: redis.Redis, waiter: redis.Redis, idle: float, name: str) -> int:
     import celery_redislock
-    from celery_redislock.primitives import _scripts
+    from celery_redislock.primitives import scripts
 
     holder = celery_redislock.Lock(client, name, ttl=10, renew=False)
     other = celery_redislock.Lock(waiter, name, ttl=10, renew=False)
@@ -65,7 +65,7 @@ def hand_over(client: redis.Redis, waiter: redis.Redis, idle: float, name: str) 
     time.sleep(idle)
     holder.release()
     # Read before the waiter's own release, which runs the same script.
-    took = server_us(client, b"EVALSHA", _scripts.get(holder.RELEASE).sha.encode())
+    took = server_us(client, b"EVALSHA", scripts.get(holder.kind.scripts.release).sha.encode())
     thread.join()
     if not other.fence or other.fence <= first:
         raise RuntimeError("the waiter was not handed the lock")

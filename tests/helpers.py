@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import redis
 
-from celery_redislock.primitives import _scripts as scripts
+from celery_redislock.primitives import scripts
 
 __all__ = [
     "Attempt",

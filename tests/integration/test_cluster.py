@@ -401,35 +401,35 @@ def test_parked_entry_is_handed_over_by_release_and_recovered_after_a_lost_hand_
     k = holder.keys
     assert holder.acquire(blocking=False)
     parker = parking.configure(Lock(rc, "parked", ttl=10.0), reserve, handed.extend)
-    assert parking.acquire_or_park(parker, "task-1|p", b"payload-1") == "parked"
+    assert parker.park("task-1|p", b"payload-1") == "parked"
     assert node.hgetall(k.pmsg) == {b"task-1|p": b"payload-1"}
     holder.release()
     assert handed == [("task-1|p", b"payload-1")]
 
     # The re-published run claims its grant; a second delivery is a duplicate.
     run = Lock(rc, "parked", ttl=10.0)
-    assert parking.acquire_or_park(run, "task-1|p", b"payload-1", claim=True) == "held"
+    assert run.park("task-1|p", b"payload-1", parked_run=True) == "held"
     again = Lock(rc, "parked", ttl=10.0)
-    assert parking.acquire_or_park(again, "task-1|p", b"payload-1", claim=True) == "duplicate"
+    assert again.park("task-1|p", b"payload-1", parked_run=True) == "duplicate"
 
     # A hand-over lost with its releaser (here: a release with no on_handoff)
     # is re-granted by recover() once its reservation lapses.
     second = parking.configure(Lock(rc, "parked", ttl=10.0), reserve, handed.extend)
-    assert parking.acquire_or_park(second, "task-2|p", b"payload-2") == "parked"
+    assert second.park("task-2|p", b"payload-2") == "parked"
     run.release()
     lapses = node.zscore(k.inflight, "task-2|p")
     assert lapses is not None and len(handed) == 1
     sweeper = parking.configure(Lock(rc, "parked", renew=False), reserve, handed.extend)
-    assert parking.recover(sweeper) > server_ms(node)  # reserved: nothing to do yet
+    assert sweeper.recover() > server_ms(node)  # reserved: nothing to do yet
     assert len(handed) == 1
     wait_until(lambda: server_ms(node) > lapses, 2, what="the reservation to lapse")
-    assert parking.recover(sweeper) > 0
+    assert sweeper.recover() > 0
     assert handed[1:] == [("task-2|p", b"payload-2")]
 
     rerun = Lock(rc, "parked", ttl=10.0)
-    assert parking.acquire_or_park(rerun, "task-2|p", b"payload-2", claim=True) == "held"
+    assert rerun.park("task-2|p", b"payload-2", parked_run=True) == "held"
     rerun.release()
-    assert parking.recover(sweeper) == -1  # nothing parked any more
+    assert sweeper.recover() == -1  # nothing parked any more
     assert node.exists(k.lock, k.queue, k.meta, k.pmsg, k.inflight) == 0
 
 
@@ -674,14 +674,14 @@ def test_a_unique_key_rides_on_its_lock_in_the_same_slot_and_apart_in_another(
     """A run's claim on its unique key is started and ended by its lock's own
     scripts when both live in one hash slot (the default: same name), and by
     calls of its own, on the key's node, when they do not."""
-    from celery_redislock.primitives import _scripts, keys, unique
+    from celery_redislock.primitives import keys, scripts, unique
     from celery_redislock.unique.run import UniqueRun
 
     rc, trips = counting_cluster(redis_cluster)
     try:
         for node in nodes.values():  # scripts loaded everywhere: no NOSCRIPT resends
             for script in ("lock_acquire", "lock_release", "unique_claim", "unique_publish"):
-                node.script_load(_scripts.source(script))
+                node.script_load(scripts.source(script))
         # Same name, same tag: folded into the lock's two round trips.
         name = "u-same"
         key = keys.unique_key("redislock", name)

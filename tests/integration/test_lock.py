@@ -35,9 +35,8 @@ from celery_redislock import (
     Semaphore,
 )
 from celery_redislock.primitives import _keeper as renewal
-from celery_redislock.primitives import _scripts as scripts
-from celery_redislock.primitives import keys, reap
-from celery_redislock.primitives._base import GRACE_MS
+from celery_redislock.primitives import keys, reap, scripts
+from celery_redislock.primitives.protocol import GRACE_MS
 from tests.helpers import (
     Attempt,
     Command,

@@ -90,18 +90,17 @@ def test_a_grant_the_replica_does_not_acknowledge_is_undone(pair: Pair) -> None:
 def test_a_park_the_replica_does_not_acknowledge_is_taken_back(pair: Pair) -> None:
     """A parked entry is its message's only copy: one the replica never heard
     of would be lost by a failover, so it does not count as parked."""
-    from celery_redislock.tasks import parking
 
     holder = Lock(pair.m, "parked", ttl=5.0, wait_replicas=1, wait_timeout_ms=200)
     assert holder.acquire(blocking=False)
     replicated = Lock(pair.m, "parked", ttl=5.0, renew=False, wait_replicas=1)
-    assert parking.acquire_or_park(replicated, "tok-1", b"payload-1") == "parked"
+    assert replicated.park("tok-1", b"payload-1") == "parked"
     assert pair.r.hget(replicated.keys.pmsg, "tok-1") == b"payload-1"
     pair.proxy.blackhole()
     unreplicated = Lock(
         pair.m, "parked", ttl=5.0, renew=False, wait_replicas=1, wait_timeout_ms=200
     )
-    assert parking.acquire_or_park(unreplicated, "tok-2", b"payload-2") == "unreplicated"
+    assert unreplicated.park("tok-2", b"payload-2") == "unreplicated"
     assert pair.m.hexists(unreplicated.keys.pmsg, "tok-2") == 0  # taken back on the master
     assert pair.m.zscore(unreplicated.keys.queue, "tok-2") is None
     assert pair.m.hget(unreplicated.keys.pmsg, "tok-1") == b"payload-1"  # the other stays

@@ -385,7 +385,7 @@ def test_every_key_a_semaphore_or_rw_lock_touches_is_in_one_slot(
     wait_until(lambda: blocked_clients(r) == 2, 2, what="both waiters to block")
     parked = Semaphore(client, name, 1, ttl=10.0)
     parking.configure(parked, 10.0, lambda _: None)
-    assert parking.acquire_or_park(parked, "parked-token", b"payload") == "parked"
+    assert parked.park("parked-token", b"payload") == "parked"
     existing = list(r.keys("*"))  # holders, info, fences, queues, metas, the parked payload
     for t in waiters:
         t.join(5)

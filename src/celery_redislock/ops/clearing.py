@@ -17,9 +17,9 @@ from typing import Any, Optional
 from celery.backends.base import DisabledBackend
 
 from .. import transport
-from ..primitives import _scripts as scripts
-from ..primitives import bump_fence, keys, release_token
+from ..primitives import bump_fence, keys, protocol, release_token, scripts
 from ..primitives import unique as unique_keys
+from ..primitives.kinds import Kind as PrimitiveKind
 from ..tasks import parking
 from ..unique.run import claim_in
 from .entries import Entry, Holder, Kind, ParkedRun
@@ -70,9 +70,8 @@ class Dropped:
 
 
 def keys_of(entry: Entry) -> Any:
-    if entry.kind is Kind.LOCK:
-        return keys.lock_keys_at(entry.key)
-    return keys.multi_keys_at(entry.key, "sem" if entry.kind is Kind.SEMAPHORE else "rw")
+    """The keys of the lock, semaphore or read-write lock ``entry`` lists."""
+    return keys.of_kind_at(PrimitiveKind(entry.kind.value), entry.key)
 
 
 def release(
@@ -112,12 +111,12 @@ def _parked_in(client: Any, prefix: str, run_id: str) -> Optional[Entry]:
     names first, then every name with parked runs (SCAN)."""
     members = client.zrange(parking.index_key(prefix), 0, -1)
     candidates: list[tuple[str, Kind]] = []
-    kinds = {"lock": Kind.LOCK, "sem": Kind.SEMAPHORE, "rw": Kind.RWLOCK}
     for member in members:
-        kind, _, name = text(member).partition(":")
-        if kind in kinds:
+        infix, _, name = text(member).partition(":")
+        kind = PrimitiveKind.of_index_prefix(infix)
+        if kind is not None:
             base = keys.tag(prefix, name)
-            candidates.append((base[len(prefix) + 2 : -1], kinds[kind]))
+            candidates.append((base[len(prefix) + 2 : -1], Kind(kind.value)))
     found = scan(client, prefix)
     candidates += [nk for nk, parts in found.items() if "pmsg" in parts]
     for entry in read(client, prefix, dict.fromkeys(candidates)):
@@ -146,11 +145,14 @@ def drop_parked(
     _waiters, runs = details(client, prefix, entry)
     run = next((r for r in runs if r.id == run_id), None)
     k = keys_of(entry)
-    block = transport.KeyBlock([k.queue, k.meta, k.pmsg, k.inflight], transport.encoding_of(client))
-    reply = transport.call(client, scripts.get("park_drop"), block, [run_id])
-    if not reply:
+    call = protocol.park_drop(k, run_id)
+    block = transport.KeyBlock(call.keys, transport.encoding_of(client))
+    dropped = protocol.parse_park_drop(
+        transport.call(client, scripts.get(call.script), block, call.args)
+    )
+    if dropped is None:
         return None  # claimed by its run meanwhile
-    payload, flying = reply[0], int(reply[1])
+    payload, flying = dropped
     if flying:
         _, granted = release_token(
             client, k, run_id, fence_retention=fence_retention, reserve_ms=reserve_ms

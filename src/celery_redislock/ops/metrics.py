@@ -37,8 +37,7 @@ from celery.signals import worker_process_shutdown
 
 from .. import _spelling, config, signals
 from ..exceptions import ConfigurationError
-from ..primitives import Semaphore
-from ..primitives.rwlock import Side
+from ..primitives import Kind as PrimitiveKind
 from ..tasks.targets import kind_of
 from .entries import Kind
 from .metrics_endpoint import (
@@ -69,8 +68,6 @@ logger = logging.getLogger("celery_redislock")
 SETTING = "redislock_metrics_port"
 #: Histogram buckets (seconds): a hand-over takes milliseconds, a task's hold minutes.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
-#: Label value of each kind of primitive, by :func:`~celery_redislock.tasks.targets.kind_of`.
-KINDS = {None: str(Kind.LOCK), "sem": str(Kind.SEMAPHORE), "rw": str(Kind.RWLOCK)}
 
 #: Labels of the lock metrics; the duplicates counter has ("task", "action").
 LABELS = ("task", "kind")
@@ -150,7 +147,7 @@ class Metrics:
         name = getattr(task, "name", None) or ""
         found = self._labels.get(name)
         if found is None:
-            found = self._labels[name] = (name, KINDS.get(kind_of(task), ""))
+            found = self._labels[name] = (name, kind_of(task).value)
         return found
 
     # -- receivers (sender = the task, see celery_redislock.signals) ----------------
@@ -196,9 +193,8 @@ class Metrics:
 
 
 def _kind_of_primitive(lock: Any) -> str:
-    if isinstance(lock, Side):
-        return str(Kind.RWLOCK)
-    return str(Kind.SEMAPHORE if isinstance(lock, Semaphore) else Kind.LOCK)
+    kind = getattr(lock, "kind", None)
+    return kind.value if isinstance(kind, PrimitiveKind) else str(Kind.LOCK)
 
 
 _metrics: Optional[Metrics] = None

@@ -16,6 +16,8 @@ from typing import Any, Optional
 from redis.exceptions import RedisClusterException
 
 from ..primitives import keys
+from ..primitives.kinds import Kind as PrimitiveKind
+from ..primitives.kinds import Mode
 from ..tasks.owners import parse_owner
 from .entries import Entry, Holder, Kind, ParkedRun, UniqueJobs, Waiter
 
@@ -35,11 +37,11 @@ _LOCK_PARTS = {
     "parked": "pmsg",
     "inflight": "inflight",
 }
-_MULTI = {"sem": Kind.SEMAPHORE, "rw": Kind.RWLOCK}
+_MULTI = {k.infix: Kind(k.value) for k in PrimitiveKind if k.multi}
 _MULTI_PARTS = {**_LOCK_PARTS, "holders": "hold", "info": "info"}
 #: Parts whose presence means the name is in use (a fence alone is history).
 _LIVE = {"hold", "queue", "pmsg", "inflight", "unique"}
-_MODE = {"x": "write", "s": "permit", "r": "read"}
+_MODE = {Mode.WRITE.value: "write", Mode.PERMIT.value: "permit", Mode.READ.value: "read"}
 
 
 def text(value: Any) -> str:
@@ -127,7 +129,7 @@ def _reads(pipe: Any, prefix: str, name: str, kind: Kind, parts: Optional[set[st
             pipe.pttl(k.lock)
             fields += ["token", "pttl"]
     else:
-        k = keys.multi_keys_at(base, "sem" if kind is Kind.SEMAPHORE else "rw")
+        k = keys.multi_keys_at(base, PrimitiveKind(kind.value))
         if has("hold"):
             pipe.zrange(k.holders, 0, -1, withscores=True)
             fields.append("members")
@@ -190,7 +192,7 @@ def _entry(
         ttl_ms = int(score) - now_ms
         out.append(Holder.of(token, mode, fence_of, ttl_ms, now_us, token in flying))
     limit = int(info.get("!limit", "1")) if kind is Kind.SEMAPHORE else None
-    writers = sum(1 for m in r["meta"] if text(m).rsplit(":", 1)[-1] == "x")
+    writers = sum(1 for m in r["meta"] if text(m).rsplit(":", 1)[-1] == Mode.WRITE.value)
     return Entry(kind, name, base, tuple(out), fence, limit, waiters, parked, writers)
 
 
@@ -250,8 +252,8 @@ def find(client: Any, prefix: str, name: str) -> list[tuple[str, Kind]]:
     base = base_of(prefix, name)
     probes: dict[Kind, Any] = {
         Kind.LOCK: keys.lock_keys_at(base),
-        Kind.SEMAPHORE: keys.multi_keys_at(base, "sem"),
-        Kind.RWLOCK: keys.multi_keys_at(base, "rw"),
+        Kind.SEMAPHORE: keys.multi_keys_at(base, PrimitiveKind.SEMAPHORE),
+        Kind.RWLOCK: keys.multi_keys_at(base, PrimitiveKind.RWLOCK),
     }
     pipe = client.pipeline(transaction=False)
     for k in probes.values():
@@ -270,10 +272,7 @@ def details(client: Any, prefix: str, entry: Entry) -> tuple[list[Waiter], list[
     """The blocked waiters and parked runs of ``entry``, in line order."""
     if entry.kind is Kind.UNIQUE:
         return [], []
-    if entry.kind is Kind.LOCK:
-        k: Any = keys.lock_keys_at(entry.key)
-    else:
-        k = keys.multi_keys_at(entry.key, "sem" if entry.kind is Kind.SEMAPHORE else "rw")
+    k: Any = keys.of_kind_at(PrimitiveKind(entry.kind.value), entry.key)
     pipe, clock = _timed_pipeline(client)
     pipe.zrange(k.queue, 0, -1, withscores=True)
     pipe.hgetall(k.meta)

@@ -1,21 +1,30 @@
 """Lock, Semaphore and ReadWriteLock: the Redis primitives, usable without Celery.
 
-What lives here: the primitives, the protocol they share (``_base.py``), the
+What lives here: the sans-I/O protocol every primitive speaks
+(``protocol.py``: the script calls and their replies; ``kinds.py``: Kind and
+Mode; ``arguments.py``: the argument checks), the sync driver of it
+(``_core.py`` the state and calls, ``_release.py``, ``_parking.py``,
+``_primitive.py`` the acquire loop, ``_replicas.py``, ``_errors.py``), the
+primitives themselves (``lock.py``, ``semaphore.py``, ``rwlock.py``), the
 per-process lease keeper (``_keeper.py``), key layout (``keys.py``), owner
-tokens (``tokens.py``) and the Lua scripts (``lua/``, loaded by
-``_scripts.py``).  What it may import: the standard library, redis-py,
-:mod:`celery_redislock.transport`, and the package's exceptions and
-validators.  Never Celery.
+tokens (``tokens.py``), unique keys (``unique.py``) and the Lua scripts
+(``lua/``, loaded by ``scripts.py``).  What it may import: the standard
+library, redis-py, :mod:`celery_redislock.transport`, and the package's
+exceptions and validators.  Never Celery.
 """
 
-from ._base import Primitive, Release
 from ._keeper import add_lost_listener, keeper, remove_lost_listener
+from ._primitive import Primitive
+from ._release import Release
+from .kinds import Kind, Mode
 from .lock import Lock, bump_fence, reap, release_token
 from .rwlock import ReadWriteLock
 from .semaphore import Semaphore
 
 __all__ = [
+    "Kind",
     "Lock",
+    "Mode",
     "Primitive",
     "ReadWriteLock",
     "Release",

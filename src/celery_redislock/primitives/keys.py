@@ -11,9 +11,10 @@ and never collide.
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 from ..exceptions import ConfigurationError
+from .kinds import Kind
 
 __all__ = [
     "MAX_PLAIN_NAME",
@@ -24,6 +25,8 @@ __all__ = [
     "lock_keys_at",
     "multi_keys",
     "multi_keys_at",
+    "of_kind",
+    "of_kind_at",
     "tag",
     "unique_key",
 ]
@@ -133,16 +136,30 @@ def lock_keys_at(base: str) -> LockKeys:
     return LockKeys(f"{base}:lock", *_queue_keys(base))
 
 
-def multi_keys(prefix: str, name: str, kind: str) -> MultiKeys:
-    """Keys of semaphore (``kind="sem"``) or read-write lock (``kind="rw"``) ``name``."""
+def multi_keys(prefix: str, name: str, kind: Union[Kind, str]) -> MultiKeys:
+    """Keys of semaphore or read-write lock ``name`` (``kind`` a Kind, or its
+    key infix: ``"sem"``, ``"rw"``)."""
     return multi_keys_at(tag(prefix, name), kind)
 
 
-def multi_keys_at(base: str, kind: str) -> MultiKeys:
+def multi_keys_at(base: str, kind: Union[Kind, str]) -> MultiKeys:
     """Keys of the semaphore or read-write lock whose tagged base is ``base``."""
-    base = f"{base}:{kind}"
+    infix = kind.infix if isinstance(kind, Kind) else kind
+    if not infix:
+        raise ValueError(f"a {kind} has no semaphore or read-write lock keys")
+    base = f"{base}:{infix}"
     fence, queue, meta, pmsg, inflight, wake = _queue_keys(base)
     return MultiKeys(f"{base}:holders", fence, queue, meta, pmsg, inflight, f"{base}:info", wake)
+
+
+def of_kind(kind: Kind, prefix: str, name: str) -> Union[LockKeys, MultiKeys]:
+    """The keys of the primitive of ``kind`` called ``name``."""
+    return of_kind_at(kind, tag(prefix, name))
+
+
+def of_kind_at(kind: Kind, base: str) -> Union[LockKeys, MultiKeys]:
+    """The keys of the primitive of ``kind`` whose tagged base is ``base``."""
+    return lock_keys_at(base) if kind is Kind.LOCK else multi_keys_at(base, kind)
 
 
 def unique_key(prefix: str, name: str) -> str:

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .. import transport
-from . import _scripts, keys
-from ._base import (
-    DEFAULT_FENCE_RETENTION,
-    DEFAULT_RESERVE_MS,
-    Handoff,
-    Primitive,
-    decode,
-    to_ms,
-    unreachable,
-)
+from . import _errors, keys, protocol
+from ._primitive import Primitive
+from .arguments import DEFAULT_FENCE_RETENTION
 from .keys import LockKeys, MultiKeys
+from .kinds import Kind
+from .protocol import DEFAULT_RESERVE_MS, Handoff, decode, to_ms
 
 if TYPE_CHECKING:
     from .unique import Claim
@@ -49,11 +44,8 @@ class Lock(Primitive):
     :param on_lost: called with ``(lock, reason)`` when renewal finds the lease gone.
     """
 
-    kind = "lock"
-    ACQUIRE = "lock_acquire"
-    RELEASE = "lock_release"
-    CANCEL = "lock_cancel"
-    EXTEND = "lock_extend"
+    kind = Kind.LOCK
+    noun = "lock"
     keys: LockKeys
 
     def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
@@ -82,22 +74,22 @@ def reap(
     owner: str,
     *,
     prefix: str = "redislock",
-    kind: Optional[str] = None,
+    kind: Union[Kind, str, None] = None,
     fence_retention: float = DEFAULT_FENCE_RETENTION,
     claim: Optional[Claim] = None,
 ) -> bool:
     """Release the holds on ``name`` whose owner token starts with ``owner``.
 
     For a supervisor (a worker's main process) whose child died holding them;
-    ``owner`` must identify that child's holds only.  ``kind`` None reaps a
-    Lock; "sem" or "rw" a Semaphore or ReadWriteLock.  ``claim``: the dead
+    ``owner`` must identify that child's holds only.  ``kind``: the
+    :class:`Kind` of the primitive (None, "sem" and "rw", its key infixes,
+    are read as Kind.LOCK, SEMAPHORE and RWLOCK).  ``claim``: the dead
     run's claim on its unique key, ended in the same call (the caller checks
     it can be, :func:`~celery_redislock.primitives.unique.foldable`).  One
     round trip.  Parked runs it grants are re-published when their
     reservation lapses.
     """
-    base = keys.tag(prefix, name)
-    k = keys.lock_keys_at(base) if kind is None else keys.multi_keys_at(base, kind)
+    k = keys.of_kind(Kind.of(kind), prefix, name)
     released, _ = release_token(
         client, k, owner, prefix_match=True, fence_retention=fence_retention, claim=claim
     )
@@ -118,24 +110,20 @@ def release_token(
     ``prefix_match``) on the primitive whose keys are ``k``, as its holder
     would: the next in line is served.  Returns whether a hold was released,
     and the parked runs granted, to re-publish.  One round trip."""
-    if isinstance(k, LockKeys):
-        script, key = _scripts.get("lock_release"), k.lock
-    else:
-        script, key = _scripts.get("multi_release"), k.holders
-    block_keys = list(k.script_keys) + ([claim.key] if claim is not None else [])
-    block = transport.KeyBlock(block_keys, transport.encoding_of(client))
-    args = [token, k.wake, to_ms(fence_retention), 1 if prefix_match else 0, reserve_ms]
-    if claim is not None:
-        args.append(claim.arg())
-    try:
-        reply = transport.call(client, script, block, args)
-    except transport.UNREACHABLE as exc:
-        raise unreachable("release", key, exc) from exc
-    if reply == 1:
-        return True, []
-    items = reply[2:]
-    handoffs = [(decode(items[i]), items[i + 1]) for i in range(0, len(items) - 1, 2)]
-    return bool(int(reply[0])), handoffs
+    kind = Kind.LOCK if isinstance(k, LockKeys) else Kind.SEMAPHORE  # (same scripts as RWLOCK)
+    call = protocol.release(
+        kind,
+        k,
+        token,
+        to_ms(fence_retention),
+        reserve_ms=reserve_ms,
+        claim=claim,
+        prefix_match=prefix_match,
+    )
+    block = transport.KeyBlock(call.keys, transport.encoding_of(client))
+    reply = _errors.run(client, "release", protocol.lead_key(k), call.script, block, call.args)
+    released = protocol.parse_release(reply)
+    return released.held, released.handoffs
 
 
 def bump_fence(
@@ -145,8 +133,6 @@ def bump_fence(
     fence.  After an operator frees a name, the old holder's fence is below
     every later one, so a fenced store refuses its writes.  One round trip."""
     block = transport.KeyBlock([fence_key], transport.encoding_of(client))
-    try:
-        script = _scripts.get("fence_bump")
-        return int(transport.call(client, script, block, [to_ms(fence_retention)]))
-    except transport.UNREACHABLE as exc:
-        raise unreachable("release", fence_key, exc) from exc
+    return int(
+        _errors.run(client, "release", fence_key, "fence_bump", block, [to_ms(fence_retention)])
+    )

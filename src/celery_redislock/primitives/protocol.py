@@ -4,7 +4,8 @@ Every operation of a Lock, a Semaphore or a side of a ReadWriteLock is one
 call of a Lua script (``lua/``) on the primitive's keys (:mod:`.keys`).  This
 module builds those calls, as a script name, keys and arguments, and parses
 their replies into named results.  It holds no socket, no thread and no
-clock, and knows nothing of Celery: the sync primitives (:mod:`._base`) and
+clock, and knows nothing of Celery: the sync primitives (:mod:`._core` and the
+modules built on it) and
 the asyncio ones (:mod:`celery_redislock.asyncio`) are two drivers of it,
 sending the same calls to the same keys, so they share names, fences and
 queues, and hand over to each other.
@@ -25,10 +26,10 @@ parked runs (token, payload) that call granted, for their parker to re-publish.
 
 from __future__ import annotations
 
-import enum
 from typing import Any, NamedTuple, Optional, Protocol, Union
 
 from .keys import LockKeys, MultiKeys
+from .kinds import Kind, Mode, Scripts
 
 __all__ = [
     "DEFAULT_RESERVE_MS",
@@ -44,6 +45,7 @@ __all__ = [
     "Queued",
     "Recovered",
     "Released",
+    "Scripts",
     "Superseded",
     "acquire",
     "acquire_args",
@@ -55,9 +57,11 @@ __all__ = [
     "lease_start",
     "park_drop",
     "parse_acquire",
+    "parse_extend",
     "parse_park_drop",
     "parse_recover",
     "parse_release",
+    "parse_retoken",
     "parse_wake",
     "recover",
     "release",
@@ -86,74 +90,6 @@ class Claim(Protocol):
     def key(self) -> str: ...
 
     def arg(self) -> str: ...
-
-
-class Scripts(NamedTuple):
-    """The scripts of one kind of primitive (names of ``lua/<name>.lua``)."""
-
-    acquire: str
-    release: str
-    cancel: str
-    extend: str
-    recover: str
-
-
-_MUTEX = Scripts("lock_acquire", "lock_release", "lock_cancel", "lock_extend", "lock_recover")
-_MULTI = Scripts("multi_acquire", "multi_release", "multi_cancel", "multi_extend", "multi_recover")
-
-
-class Kind(enum.Enum):
-    """The kind of a primitive: its scripts, its keys and what it is called."""
-
-    LOCK = "lock"
-    SEMAPHORE = "semaphore"
-    RWLOCK = "rwlock"
-
-    @property
-    def noun(self) -> str:
-        """What messages call it: "lock", "semaphore", "read-write lock"."""
-        return _NOUNS[self]
-
-    @property
-    def infix(self) -> Optional[str]:
-        """The part of its key names after the tag (``sem``, ``rw``); None for a lock."""
-        return _INFIXES[self]
-
-    @property
-    def scripts(self) -> Scripts:
-        return _MUTEX if self is Kind.LOCK else _MULTI
-
-    @property
-    def multi(self) -> bool:
-        """Whether its holders live in a sorted set (a semaphore, a read-write lock)."""
-        return self is not Kind.LOCK
-
-    @classmethod
-    def of_infix(cls, infix: Optional[str]) -> Kind:
-        """The kind whose key infix is ``infix`` (None, ``"sem"``, ``"rw"``)."""
-        for kind, known in _INFIXES.items():
-            if known == infix:
-                return kind
-        raise ValueError(f"no kind of primitive has the key infix {infix!r}")
-
-
-_NOUNS = {Kind.LOCK: "lock", Kind.SEMAPHORE: "semaphore", Kind.RWLOCK: "read-write lock"}
-_INFIXES = {Kind.LOCK: None, Kind.SEMAPHORE: "sem", Kind.RWLOCK: "rw"}
-
-
-class Mode(str, enum.Enum):
-    """How a semaphore or read-write lock is held; the value is what the scripts read."""
-
-    PERMIT = "s"  #: one of a semaphore's permits
-    READ = "r"  #: a shared hold of a read-write lock
-    WRITE = "x"  #: the exclusive hold of a read-write lock
-
-    @property
-    def noun(self) -> str:
-        return _MODE_NOUNS[self]
-
-
-_MODE_NOUNS = {Mode.PERMIT: "semaphore", Mode.READ: "read lock", Mode.WRITE: "write lock"}
 
 
 class Call(NamedTuple):
@@ -376,6 +312,16 @@ def parse_release(reply: Any) -> Released:
     if isinstance(reply, int):
         return Released(bool(reply), [])
     return Released(bool(int(reply[0])), handoffs(reply[2:]))
+
+
+def parse_extend(reply: Any) -> bool:
+    """Whether a renewal found the lease still held (and renewed it)."""
+    return bool(int(reply))
+
+
+def parse_retoken(reply: Any) -> bool:
+    """Whether a retoken found the old token still holding (and moved the hold)."""
+    return bool(int(reply))
 
 
 def parse_recover(reply: Any) -> Recovered:

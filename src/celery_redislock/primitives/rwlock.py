@@ -9,9 +9,10 @@ that lease.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 from . import keys
+from .kinds import Kind, Mode
 from .semaphore import Semaphore, count_holders
 
 __all__ = ["ReadWriteLock", "Side"]
@@ -20,16 +21,19 @@ __all__ = ["ReadWriteLock", "Side"]
 class Side(Semaphore):
     """One hold of a ReadWriteLock; acquire/release/context manager like Lock."""
 
-    RKIND = "rw"
+    kind = Kind.RWLOCK
 
-    def __init__(self, client: Any, name: str, mode: str, ttl: float, **options: Any) -> None:
+    def __init__(
+        self, client: Any, name: str, mode: Union[Mode, str], ttl: float, **options: Any
+    ) -> None:
+        #: Mode.READ or Mode.WRITE (``"r"`` and ``"x"`` are read as those).
+        self.mode = Mode(mode)
+        if self.mode is Mode.PERMIT:
+            raise ValueError("a side of a read-write lock is taken in Mode.READ or Mode.WRITE")
+        self.noun = self.mode.noun
         super().__init__(client, name, 1, ttl, **options)
-        self.keys = keys.multi_keys(self.prefix, self.name, self.RKIND)
-        self.mode = mode
-        self.kind = "read lock" if mode == "r" else "write lock"
-
-    def _extra_args(self) -> list[Any]:
-        return [self.mode, 0]
+        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
+        self.limit = 0  # (the scripts read no limit for a read or write hold)
 
 
 class ReadWriteLock:
@@ -52,15 +56,15 @@ class ReadWriteLock:
 
     def read(self, **options: Any) -> Side:
         """A shared hold: any number of readers at once, while no writer holds."""
-        return Side(self.client, self.name, "r", self.ttl, **{**self.options, **options})
+        return Side(self.client, self.name, Mode.READ, self.ttl, **{**self.options, **options})
 
     def write(self, **options: Any) -> Side:
         """An exclusive hold: no readers and no other writer."""
-        return Side(self.client, self.name, "x", self.ttl, **{**self.options, **options})
+        return Side(self.client, self.name, Mode.WRITE, self.ttl, **{**self.options, **options})
 
     def holders(self) -> int:
         """How many readers (or 1 writer) hold it now (one round trip)."""
-        return count_holders(self.client, self.keys.holders, self._probe._redis)
+        return count_holders(self.client, self.keys.holders)
 
     def write_locked(self) -> bool:
         """Whether a writer holds it now (one round trip)."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validate, transport
-from . import _scripts, keys
-from ._base import Primitive
+from . import _errors, keys
+from ._primitive import Primitive
 from .keys import MultiKeys
+from .kinds import Kind, Mode
 
 __all__ = ["Semaphore"]
 
@@ -35,35 +36,26 @@ class Semaphore(Primitive):
     Accepts the keyword options of :class:`celery_redislock.Lock`.
     """
 
-    kind = "semaphore"
-    ACQUIRE = "multi_acquire"
-    RELEASE = "multi_release"
-    CANCEL = "multi_cancel"
-    EXTEND = "multi_extend"
-    MODE = "s"
+    kind = Kind.SEMAPHORE
+    noun = "semaphore"
+    mode: Mode = Mode.PERMIT
     keys: MultiKeys
 
     def __init__(
         self, client: Any, name: str, limit: int, ttl: float = 30.0, **options: Any
     ) -> None:
         super().__init__(client, name, ttl, **options)
-        _validate.check_count(limit, f"limit of semaphore {name!r}")
+        _validate.check_count(limit, f"limit of {self.noun} {name!r}")
         self.limit = limit
-        self.keys = keys.multi_keys(self.prefix, self.name, "sem")
+        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
 
     @property
     def key(self) -> str:
         return self.keys.holders
 
-    def _extra_args(self) -> list[Any]:
-        return [self.MODE, self.limit]
-
-    def _lease_keys(self) -> list[str]:
-        return [self.keys.holders, self.keys.info]
-
     def holders(self) -> int:
         """How many holders have a live lease now (one round trip)."""
-        return count_holders(self.client, self.key, self._redis)
+        return count_holders(self.client, self.key)
 
     def owned(self) -> bool:
         """Whether this object holds a live permit, as Redis sees it (one round trip)."""
@@ -72,10 +64,10 @@ class Semaphore(Primitive):
         # Its entry's score is when its lease ends: still there but in the
         # past means the lease ran out (the next acquire would prune it).
         block = transport.KeyBlock([self.key], transport.encoding_of(self.client))
-        return bool(self._script("owned", "multi_owned", [self._token], block=block))
+        return bool(self._call("owned", "multi_owned", [self._token], block=block))
 
 
-def count_holders(client: Any, key: str, guard: Any) -> int:
+def count_holders(client: Any, key: str) -> int:
     """Live holders of the semaphore or read-write lock whose holders key is ``key``."""
     block = transport.KeyBlock([key], transport.encoding_of(client))
-    return int(guard("count", transport.call, client, _scripts.get("multi_count"), block, []))
+    return int(_errors.run(client, "count", key, "multi_count", block, []))

@@ -23,8 +23,8 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from .. import transport
-from . import _keeper, _scripts
-from ._base import decode, to_ms, unreachable
+from . import _errors, _keeper, scripts
+from .protocol import decode, to_ms
 
 __all__ = [
     "Claim",
@@ -88,10 +88,7 @@ class State(NamedTuple):
 
 def _call(client: Any, op: str, script: str, key: str, args: list[Any]) -> Any:
     block = transport.KeyBlock([key], transport.encoding_of(client))
-    try:
-        return transport.call(client, _scripts.get(script), block, args)
-    except transport.UNREACHABLE as exc:
-        raise unreachable(op, key, exc) from exc
+    return _errors.run(client, op, key, script, block, args)
 
 
 def publish(
@@ -185,7 +182,7 @@ class RunLease:
             _keeper.keeper().discard(token)
 
     def _renew_call(self, token: str) -> tuple[Any, transport.KeyBlock, list[Any]]:
-        return _scripts.get("unique_extend"), self._block, [self.claim.job, to_ms(self.ttl)]
+        return scripts.get("unique_extend"), self._block, [self.claim.job, to_ms(self.ttl)]
 
     def _mark_lost(self, reason: str) -> None:
         # Not a lock: nobody is told the lock was lost.  The run goes on; a

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from redis.exceptions import ResponseError
 
 from .. import config, transport
-from ..primitives._base import decode
+from ..primitives.protocol import decode
 from . import task_rules
 from .locked_task import LockedTask
 

@@ -25,7 +25,7 @@ from celery.exceptions import Retry
 
 from .. import config, signals
 from ..exceptions import AlreadyQueued, BackendUnavailable, LockContended, TaskSuperseded
-from ..primitives import Primitive
+from ..primitives import Kind, Primitive
 from ..primitives.tokens import new_token, process
 from ..unique.run import UniqueRun, claim_in, duplicate_of
 from . import park_recovery, parking, policies, targets
@@ -70,7 +70,7 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
     # Only a receiver of lock_acquired needs the time taking the lock began.
     began = time.monotonic() if signals.lock_acquired.receivers else 0.0
     try:
-        if not _take(task, request, prim, kind, run, settings, overrides):
+        if not _take(task, request, prim, run, settings, overrides):
             # Unreachable, and the body runs without a lock: the job starts
             # now, so its key goes (if the store answers; else within its hold).
             if run is not None:
@@ -115,7 +115,6 @@ def _take(
     task: Any,
     request: Any,
     prim: Primitive,
-    kind: Optional[str],
     run: Any,
     settings: config.Settings,
     overrides: Any,
@@ -134,7 +133,7 @@ def _take(
         if prim.superseded_by is not None:
             acquired = False
         elif policy == "park":
-            acquired = _park(task, request, prim, kind, run)
+            acquired = _park(task, request, prim, run)
         elif policy == "wait":
             timeout = task._redislock_option("lock_wait_timeout", overrides, settings)
             acquired = prim.acquire(timeout=timeout)
@@ -159,7 +158,7 @@ def primitive(
     task: Any,
     request: Any,
     name: str,
-    kind: Optional[str],
+    kind: Kind,
     app: Any,
     settings: config.Settings,
     overrides: Any,
@@ -180,7 +179,7 @@ def primitive(
         wait_timeout_ms=settings.wait_timeout_ms,
     )
     prim.task = task  # type: ignore[attr-defined]  # for lock_lost receivers
-    return parking.configure(prim, settings.park_reserve, parking.publisher(app, prim, kind))
+    return parking.configure(prim, settings.park_reserve, parking.publisher(app, prim))
 
 
 def _unique_run(task: Any, request: Any) -> Optional[UniqueRun]:
@@ -212,22 +211,22 @@ def _retoken(task: Any, request: Any, prim: Primitive) -> None:
         logger.warning("%s[%s]: holds %r under its parked token", task.name, request.id, prim.name)
 
 
-def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: Any) -> bool:
+def _park(task: Any, request: Any, prim: Primitive, run: Any) -> bool:
     headers = message_headers(request)
     token = headers.get(parking.PARK_HEADER)
-    claim = token is not None
+    parked_run = token is not None
     if token is None:
         token = new_token(owner_prefix(request.id, request.hostname, process.pid, task.name))
         headers[parking.PARK_HEADER] = token
     sig = task.signature_from_request(request, headers=headers)
     payload = parking.encode(sig, task.serializer or task.app.conf.task_serializer)
     order = headers.get(parking.SENT_HEADER)
-    status = parking.acquire_or_park(
-        prim, token, payload, claim=claim, order_ms=float(order) if order else None
+    status = prim.park(
+        token, payload, parked_run=parked_run, order_ms=float(order) if order else None
     )
     parking.ensure_sweeper(task.app)
     if status == "held":
-        if claim:
+        if parked_run:
             _retoken(task, request, prim)
         return True
     if status == "superseded":
@@ -238,7 +237,7 @@ def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
         if request.headers:
             request.headers.pop(parking.PARK_HEADER, None)
         reason = LockContended(
-            f"{prim.kind} {prim.name!r}: parked entry not acknowledged by the replicas",
+            f"{prim.noun} {prim.name!r}: parked entry not acknowledged by the replicas",
             prim.key,
             holder_task_id(prim.holder),
             prim.holder_ttl_ms,
@@ -254,7 +253,7 @@ def _park(task: Any, request: Any, prim: Primitive, kind: Optional[str], run: An
     park_recovery.memory().add(token, task, request.id, prim, payload)
     if run is not None:
         run.parked()
-    policies.parked(task, request, prim, kind)
+    policies.parked(task, request, prim)
     return False  # pragma: no cover
 
 

@@ -35,7 +35,7 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from .. import config
-from ..primitives import keys, unique
+from ..primitives import Kind, keys, unique
 from ..unique import publish
 from ..unique.policy import CALL_OPTIONS as UNIQUE_CALL_OPTIONS
 from . import entry, parking, startup, targets
@@ -171,8 +171,9 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def lock_target_for(
         self, args: Sequence[Any], kwargs: Optional[dict[str, Any]]
-    ) -> tuple[str, Optional[str]]:
-        """(name, kind) of the primitive guarding a call; kind None, "sem" or "rw"."""
+    ) -> tuple[str, Kind]:
+        """(name, kind) of the primitive guarding a call (a lock, a semaphore
+        or a read-write lock: a :class:`~celery_redislock.primitives.Kind`)."""
         return targets.target(self, args, kwargs)
 
     # -- unique jobs -------------------------------------------------------------

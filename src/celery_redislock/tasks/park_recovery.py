@@ -66,7 +66,7 @@ class Remembered(NamedTuple):
 
     task_id: str
     task_name: str
-    kind: str  # the primitive's kind, for the log
+    noun: str  # what the log calls the primitive: "lock", "semaphore", ...
     name: str
     pmsg: str  # the primitive's parked-payload hash
     inflight: str  # its in-flight set
@@ -85,7 +85,7 @@ class Memory:
 
     def add(self, token: str, task: Any, task_id: str, prim: Primitive, payload: bytes) -> None:
         run = Remembered(
-            task_id, task.name, prim.kind, prim.name, prim.keys.pmsg, prim.keys.inflight, payload
+            task_id, task.name, prim.noun, prim.name, prim.keys.pmsg, prim.keys.inflight, payload
         )
         with self.lock:
             old = self.runs.pop(token, None)
@@ -178,7 +178,7 @@ def recover(
                     "parked run %s[%s] (%s %r) was lost by the lock store; re-published",
                     run.task_name,
                     run.task_id,
-                    run.kind,
+                    run.noun,
                     run.name,
                 )
         elif state not in _RAN:

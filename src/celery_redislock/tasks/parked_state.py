@@ -28,8 +28,7 @@ from celery import states
 from celery.backends.redis import RedisBackend
 
 from .. import transport
-from ..primitives import Primitive
-from ..primitives import _scripts as scripts
+from ..primitives import Primitive, scripts
 
 try:  # Celery 5.5+: the tracer lets the request's ignore_result override the task's
     from celery.app.task import get_actual_ignore_result as _tracer_ignores
@@ -56,7 +55,7 @@ def mark_parked(task: Any, request: Any, prim: Primitive, holder: Optional[str])
     backend = task.backend
     if not isinstance(backend, RedisBackend) or _ignores_result(task, request):
         return False
-    info = {"kind": prim.kind, "name": prim.name, "holder": holder}
+    info = {"kind": prim.noun, "name": prim.name, "holder": holder}
     try:
         return _store(backend, request, info)
     except Exception as exc:

@@ -30,11 +30,9 @@ from typing import Any, Optional
 from kombu import serialization
 
 from .. import config, signals, transport
-from ..exceptions import LockError
-from ..primitives import Lock, Primitive, Semaphore
-from ..primitives import _scripts as scripts
-from ..primitives._base import Handoff
-from ..primitives._base import decode as text
+from ..primitives import Kind, Lock, Mode, Primitive, Semaphore, scripts
+from ..primitives.protocol import Handoff
+from ..primitives.protocol import decode as text
 from ..primitives.rwlock import Side
 from . import park_recovery
 
@@ -42,11 +40,9 @@ __all__ = [
     "PARK_HEADER",
     "SENT_HEADER",
     "Sweeper",
-    "acquire_or_park",
     "decode",
     "encode",
     "publisher",
-    "recover",
 ]
 
 logger = logging.getLogger("celery_redislock.park")
@@ -81,48 +77,7 @@ def decode(payload: bytes) -> dict[str, Any]:
     return result
 
 
-def acquire_or_park(
-    prim: Primitive,
-    token: str,
-    payload: bytes | str,
-    *,
-    claim: bool = False,
-    order_ms: Optional[float] = None,
-) -> str:
-    """Take ``prim`` now, or leave ``payload`` parked in its FIFO queue under ``token``.
-
-    Returns ``"held"``, ``"parked"``, ``"duplicate"`` when ``claim`` is
-    set and that parked token's run has already claimed it (a second
-    delivery of the same re-published task), ``"superseded"`` when the
-    primitive carries a unique job's claim and a newer publish replaced that
-    job, or ``"unreplicated"`` when the primitive waits for replicas and they
-    did not acknowledge the parked entry in time (it was taken back).
-    ``order_ms`` places a parked entry in line (its publish time); default:
-    arrival.  One round trip.
-    """
-    if prim.token is not None:
-        raise LockError(f"{prim.kind} {prim.name!r} is already held by this object", prim.key)
-    status = prim._attempt(token, 0, payload, claim, order_ms)
-    return {1: "held", 0: "parked", -1: "duplicate", -2: "superseded", -3: "unreplicated"}[status]
-
-
-#: The recovery script of each kind of primitive.
-_RECOVER = {Lock: "lock_recover", Semaphore: "multi_recover", Side: "multi_recover"}
-
-
-def recover(prim: Primitive) -> int:
-    """Re-grant parked tasks nobody else would wake (crash recovery); one round trip.
-
-    Returns when (server ms) it should be called again, or -1 when nothing
-    is parked any more.
-    """
-    args = [prim.keys.wake, prim.reserve_ms, prim._keep_ms]
-    reply = prim._script("recover", _RECOVER[type(prim)], args)
-    prim._hand_over(reply[1:])
-    return int(reply[0])
-
-
-def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = None) -> Any:
+def publisher(app: Any, prim: Optional[Primitive] = None) -> Any:
     """An ``on_parked`` callback that re-publishes granted parked tasks with ``app``.
 
     With ``prim``, the primitive is first put in the recovery index due when
@@ -138,9 +93,9 @@ def publisher(app: Any, prim: Optional[Primitive] = None, kind: Optional[str] = 
         owner = prim_ref() if prim_ref is not None else None
         if owner is not None:
             try:
-                register(owner, kind, owner.reserve_ms + 1)
+                register(owner, owner.reserve_ms + 1)
             except Exception:
-                logger.exception("could not schedule recovery of %s %r", owner.kind, owner.name)
+                logger.exception("could not schedule recovery of %s %r", owner.noun, owner.name)
         fault("before-park-publish")
         for token, payload in parked:
             try:
@@ -184,14 +139,14 @@ def legacy_index_key(prefix: str) -> str:
 
 
 def primitive(
-    client: Any, prefix: str, kind: str, name: str, reserve: float, on_handoff: Any
+    client: Any, prefix: str, kind: Kind, name: str, reserve: float, on_handoff: Any
 ) -> Primitive:
-    """A handle on the primitive an index member names, for :func:`recover`."""
+    """A handle on the primitive an index member names, for its ``recover()``."""
     prim: Primitive
-    if kind == "sem":
+    if kind is Kind.SEMAPHORE:
         prim = Semaphore(client, name, 1, prefix=prefix, renew=False)
-    elif kind == "rw":
-        prim = Side(client, name, "r", 30.0, prefix=prefix, renew=False)
+    elif kind is Kind.RWLOCK:
+        prim = Side(client, name, Mode.READ, 30.0, prefix=prefix, renew=False)
     else:
         prim = Lock(client, name, prefix=prefix, renew=False)
     return configure(prim, reserve, on_handoff)
@@ -204,11 +159,10 @@ def configure(prim: Primitive, reserve: float, on_handoff: Any) -> Primitive:
     return prim
 
 
-def register(prim: Primitive, kind: Optional[str], check_after_ms: int) -> None:
+def register(prim: Primitive, check_after_ms: int) -> None:
     """Put ``prim`` in the recovery index (one round trip, only when a run parks)."""
-    _index(
-        prim.client, prim.prefix, ["add", f"{kind or 'lock'}:{prim.name}", max(1, check_after_ms)]
-    )
+    member = f"{prim.kind.index_prefix}:{prim.name}"
+    _index(prim.client, prim.prefix, ["add", member, max(1, check_after_ms)])
 
 
 def _index(client: Any, prefix: str, args: list[Any]) -> Any:
@@ -287,17 +241,17 @@ class Sweeper:
         for i in range(0, len(due), 2):
             member = text(due[i])
             claim = due[i + 1]
-            kind, _, name = member.partition(":")
+            infix, _, name = member.partition(":")
             try:
                 prim = primitive(
                     client,
                     settings.key_prefix,
-                    kind,
+                    Kind.of_index_prefix(infix) or Kind.LOCK,
                     name,
                     settings.park_reserve,
                     publisher(self.app),
                 )
-                nxt = recover(prim)
+                nxt = prim.recover()
             except Exception:
                 logger.exception("recovering parked tasks of %s failed", member)
                 continue

@@ -95,7 +95,7 @@ def outcome(
         "%s[%s]: %s %r is held by task %s; %s (on_contention=%s)",
         task.name,
         request.id,
-        prim.kind,
+        prim.noun,
         prim.name,
         holder_task_id(prim.holder),
         what,
@@ -120,7 +120,7 @@ def contended(
         fallback = "fail" if request.is_eager else task.lock_option("lock_wait_fallback", request)
         policy = f"wait, then {fallback}"
     holder = _announce(task, request, prim, policy)
-    what = f"{prim.kind} {prim.name!r} is held by task {holder} for another {ttl_ms} ms"
+    what = f"{prim.noun} {prim.name!r} is held by task {holder} for another {ttl_ms} ms"
     if policy == "skip":
         skip(task, request, prim, holder, ttl_ms, ending)
     if policy.endswith("fail"):
@@ -138,7 +138,7 @@ def skip(
     ending: Optional[Callable[[], None]] = None,
 ) -> None:
     exc = TaskSkipped(
-        f"{task.name}[{request.id}] skipped: {prim.kind} {prim.name!r} is held by task {holder}",
+        f"{task.name}[{request.id}] skipped: {prim.noun} {prim.name!r} is held by task {holder}",
         prim.key,
         holder,
         ttl_ms,
@@ -253,9 +253,9 @@ def _give_up(
     raise reason
 
 
-def parked(task: Any, request: Any, prim: Primitive, kind: Optional[str]) -> None:
+def parked(task: Any, request: Any, prim: Primitive) -> None:
     """This run's message now waits in the primitive's queue (never returns)."""
-    parking.register(prim, kind, (prim.holder_ttl_ms or 0) + 50)
+    parking.register(prim, (prim.holder_ttl_ms or 0) + 50)
     holder = _announce(task, request, prim, "park")
     parked_state.mark_parked(task, request, prim, holder)
     outcome(task, request, prim, "park", "parked until it is released", logging.INFO)

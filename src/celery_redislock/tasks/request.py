@@ -22,7 +22,8 @@ from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
 from .. import config
-from ..primitives import keys, reap, unique
+from ..primitives import Kind, keys, reap, unique
+from ..primitives.protocol import lead_key
 from ..unique.run import claim_in
 from .owners import owner_prefix
 from .parking import PARK_HEADER
@@ -143,7 +144,7 @@ def _drop(app: Any, claim: unique.Claim) -> None:
 def _reap(
     app: Any,
     name: str,
-    kind: Any,
+    kind: Kind,
     owners: tuple[str, ...],
     pid: int,
     why: str,
@@ -183,8 +184,6 @@ def _reap(
         logger.warning("freed lock %r of task %s, killed by %s", name, task_id, why)
 
 
-def _lock_key(prefix: str, name: str, kind: Any) -> str:
+def _lock_key(prefix: str, name: str, kind: Kind) -> str:
     """The key holding the lease of primitive ``name`` (for its hash slot)."""
-    if kind is None:
-        return keys.lock_keys(prefix, name).lock
-    return keys.multi_keys(prefix, name, kind).holders
+    return lead_key(keys.of_kind(kind, prefix, name))

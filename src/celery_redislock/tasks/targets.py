@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from .. import _validate
 from ..exceptions import ConfigurationError
-from ..primitives import Lock, Primitive, Semaphore
+from ..primitives import Kind, Lock, Mode, Primitive, Semaphore
 from ..primitives.rwlock import Side
 
 __all__ = ["LOCK_MODES", "build", "check_options", "group_limit", "kind_of", "target"]
@@ -58,8 +58,8 @@ def group_limit(task_name: str, group: str, groups: dict[str, int]) -> int:
     return limit
 
 
-def target(task: Any, args: Any, kwargs: Any) -> tuple[str, Optional[str]]:
-    """(name, kind) of the primitive guarding this call; kind None, "sem" or "rw"."""
+def target(task: Any, args: Any, kwargs: Any) -> tuple[str, Kind]:
+    """(name, kind) of the primitive guarding this call."""
     part = task.lock_key_for(args, kwargs)
     if task.concurrency_group is not None:
         base = f"group:{task.concurrency_group}"
@@ -67,32 +67,33 @@ def target(task: Any, args: Any, kwargs: Any) -> tuple[str, Optional[str]]:
         base = task.lock_name or task.name
     name = f"{base}:{part}" if part else base
     if task.semaphore is not None or task.concurrency_group is not None:
-        return name, "sem"
+        return name, Kind.SEMAPHORE
     if task.lock_mode is not None:
-        return name, "rw"
-    return name, None
+        return name, Kind.RWLOCK
+    return name, Kind.LOCK
 
 
-def kind_of(task: Any) -> Optional[str]:
-    """The kind of primitive guarding every run of ``task``: None (a Lock), "sem"
-    or "rw" (the rule :func:`target` applies inline, on a run's hot path)."""
+def kind_of(task: Any) -> Kind:
+    """The kind of primitive guarding every run of ``task`` (the rule
+    :func:`target` applies inline, on a run's hot path)."""
     if task.semaphore is not None or task.concurrency_group is not None:
-        return "sem"
+        return Kind.SEMAPHORE
     if task.lock_mode is not None:
-        return "rw"
-    return None
+        return Kind.RWLOCK
+    return Kind.LOCK
 
 
 def build(
-    task: Any, name: str, kind: Optional[str], client: Any, limits: dict[str, int], **options: Any
+    task: Any, name: str, kind: Kind, client: Any, limits: dict[str, int], **options: Any
 ) -> Primitive:
     """The primitive object for one run."""
     ttl = options.pop("ttl")
-    if kind == "sem":
+    if kind is Kind.SEMAPHORE:
         if task.concurrency_group is not None:
             limit = group_limit(task.name, task.concurrency_group, limits)
             return Semaphore(client, name, limit, ttl, **options)
         return Semaphore(client, name, task.semaphore, ttl, **options)
-    if kind == "rw":
-        return Side(client, name, "r" if task.lock_mode == "read" else "x", ttl, **options)
+    if kind is Kind.RWLOCK:
+        mode = Mode.READ if task.lock_mode == "read" else Mode.WRITE
+        return Side(client, name, mode, ttl, **options)
     return Lock(client, name, ttl, **options)

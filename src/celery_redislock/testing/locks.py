@@ -19,10 +19,6 @@ if TYPE_CHECKING:
 
 __all__ = ["assert_lock_free", "assert_lock_held", "current_fence", "lock_entry"]
 
-#: lock_target_for's kind -> the inspect API's Kind value, and the keys' infix.
-_KINDS = {None: "lock", "sem": "semaphore", "rw": "rwlock"}
-_INFIX = {"semaphore": "sem", "rwlock": "rw"}
-
 
 def lock_entry(task: Any, *args: Any, **kwargs: Any) -> Optional[Entry]:
     """The inspect API's entry of the primitive guarding ``task(*args, **kwargs)``,
@@ -30,13 +26,13 @@ def lock_entry(task: Any, *args: Any, **kwargs: Any) -> Optional[Entry]:
     from ..ops.inspect import Inspector
 
     name, kind = task.lock_target_for(args, kwargs)
-    found = Inspector.from_app(task.app).show(name, _KINDS[kind])
+    found = Inspector.from_app(task.app).show(name, kind.value)
     return found[0] if found else None
 
 
 def _describe(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     name, kind = task.lock_target_for(args, kwargs)
-    return f"the {_KINDS[kind]} {name!r} of {task.name}(*{args!r}, **{kwargs!r})"
+    return f"the {kind.value} {name!r} of {task.name}(*{args!r}, **{kwargs!r})"
 
 
 def assert_lock_held(task: Any, *args: Any, **kwargs: Any) -> Entry:
@@ -68,6 +64,7 @@ def current_fence(
     outlived ``redislock_fence_retention``).  Given a Celery app, its lock store
     and key prefix are used; given a redis-py client, ``prefix`` (default
     "redislock")."""
+    from ..primitives import Kind as PrimitiveKind
     from ..primitives import keys
 
     if hasattr(client_or_app, "conf"):  # a Celery app
@@ -78,12 +75,11 @@ def current_fence(
     else:
         client = client_or_app
     prefix = prefix or "redislock"
-    kind = str(kind)
-    if kind == "lock":
-        key = keys.lock_keys(prefix, name).fence
-    elif kind in _INFIX:
-        key = keys.multi_keys(prefix, name, _INFIX[kind]).fence
-    else:
-        raise ValueError(f"kind must be 'lock', 'semaphore' or 'rwlock', got {kind!r}")
+    try:
+        key = keys.of_kind(PrimitiveKind(str(kind)), prefix, name).fence
+    except ValueError:
+        raise ValueError(
+            f"kind must be 'lock', 'semaphore' or 'rwlock', got {str(kind)!r}"
+        ) from None
     value = client.get(key)
     return None if value is None else int(value)
