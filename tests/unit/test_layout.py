@@ -97,8 +97,28 @@ def test_importing_the_primitives_leaves_celery_unimported() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("layer", ["tasks", "unique", "ops"])
-def test_celery_side_modules_stay_small(layer: str) -> None:
+@pytest.mark.parametrize("layer", ["tasks", "unique", "ops", "compat", "testing", "demo"])
+def test_the_upper_layers_never_import_a_private_module_of_another_layer(layer: str) -> None:
+    """A layer's ``_name`` modules are its own: what another layer needs has a public name."""
+    known = modules()
+    found = {}
+    for name, path in known.items():
+        if not name.startswith(f"celery_redislock.{layer}"):
+            continue
+        private = [
+            m
+            for m in imports_of(name, path, known)
+            if m.count(".") >= 2
+            and m.rsplit(".", 1)[1].startswith("_")
+            and not m.startswith(f"celery_redislock.{layer}.")
+        ]
+        if private:
+            found[name] = private
+    assert found == {}
+
+
+@pytest.mark.parametrize("layer", ["tasks", "unique", "ops", "primitives"])
+def test_modules_stay_small(layer: str) -> None:
     sizes = {
         path.name: len(path.read_text("utf-8").splitlines())
         for path in (PACKAGE / layer).glob("*.py")
