@@ -1,16 +1,15 @@
-"""The transport's hand-written steps against redis-py's public path, on a hand-over.
+"""The transport's mirrored pool checkout against redis-py's ``get_connection()``, on a hand-over.
 
-The transport may take a connection from a plain pool in its own steps
-(``_checkout.MIRRORED``) instead of ``pool.get_connection()``, and pack a
-script call itself (``_encode.HAND_PACKED``) instead of through the
-connection's ``pack_command``.  Each is switchable in the process; this runs
-``bench/locks.py``'s hand-over measurement (two processes playing ping-pong
-with one Lock; latency is the waiter's acquire-return time minus the holder's
-release-call time) with every combination of the two, in interleaved batches
-(the variants in rotating order, then again) on one private redis-server, and
-prints each variant's median over the public path's, batch by batch (the
-median of those ratios, and their range).  A step earns its place at a ratio
-of 0.90x or less.  A benchmark, not a test: it never asserts.
+The transport takes a connection from a plain ``redis.ConnectionPool`` in
+its own steps (:mod:`celery_redislock.transport._checkout`), switchable in
+the process (``_checkout.MIRRORED``).  This runs ``bench/locks.py``'s
+hand-over measurement (two processes playing ping-pong with one Lock;
+latency is the waiter's acquire-return time minus the holder's release-call
+time) with the mirrored checkout and with ``pool.get_connection()``, in
+interleaved batches (the two in rotating order, then again) on one private
+redis-server, and prints the mirrored median over the other's, batch by
+batch (the median of those ratios, and their range).  The step earns its
+place at 0.90x or less.  A benchmark, not a test: it never asserts.
 
     python bench/transport_paths.py [--handoffs N] [--batches N] [--hold-ms MIN MAX]
 """
@@ -24,24 +23,21 @@ from typing import Any, Optional
 
 from common import add_hold_ms, log, p99, private_server, split
 
-#: (label, mirrored checkout, hand-packed); the first is the baseline.
+#: (label, mirrored checkout); the first is the baseline.
 VARIANTS = [
-    ("redis-py's path (get_connection, pack_command)", False, False),
-    ("mirrored checkout", True, False),
-    ("hand-packed calls", False, True),
-    ("both steps", True, True),
+    ("pool.get_connection()", False),
+    ("mirrored checkout", True),
 ]
 
 
-def _lock_with(mirrored: bool, hand_packed: bool, client: Any, name: str) -> Any:
-    """A Lock whose transport takes (or skips) the steps (in a handoff player)."""
+def _lock_with(mirrored: bool, client: Any, name: str) -> Any:
+    """A Lock whose transport takes the mirrored checkout, or not (in a handoff player)."""
     from locks import TTL
 
     import celery_redislock
-    from celery_redislock.transport import _checkout, _encode
+    from celery_redislock.transport import _checkout
 
     _checkout.MIRRORED = mirrored
-    _encode.HAND_PACKED = hand_packed
     return celery_redislock.Lock(client, name, ttl=TTL)
 
 
@@ -67,8 +63,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     from locks import Contender, make_client, ms, run_handoffs
 
     contenders = [
-        Contender(label, functools.partial(_lock_with, mirrored, packed))
-        for label, mirrored, packed in VARIANTS
+        Contender(label, functools.partial(_lock_with, mirrored)) for label, mirrored in VARIANTS
     ]
     server = private_server()
     n_variants = len(contenders)
@@ -106,12 +101,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     print()
     print("| handoff median over the other's, per batch | median | range |")
     print("|---|---:|---:|")
-    base, mirrored, packed, both = medians
-    print(ratio_line("mirrored checkout / redis-py's path", mirrored, base))
-    print(ratio_line("hand-packed calls / redis-py's path", packed, base))
-    print(ratio_line("both steps / redis-py's path", both, base))
-    print(ratio_line("both steps / hand-packed only (the checkout's share)", both, packed))
-    print(ratio_line("both steps / mirrored only (the packing's share)", both, mirrored))
+    base, mirrored = medians
+    print(ratio_line("mirrored checkout / pool.get_connection()", mirrored, base))
 
 
 if __name__ == "__main__":

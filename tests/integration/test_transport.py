@@ -69,14 +69,16 @@ def no_retry(**options: Any) -> dict[str, Any]:
 # -- what goes on the wire -----------------------------------------------------------
 
 
-def test_a_packed_call_is_the_command_redis_py_would_send(r: redis.Redis) -> None:
-    block = KeyBlock(["redislock:{ünï}:lock", "k2"], "utf-8")
-    args: list[Any] = ["tok", 30000, 0, "w:", 2000, 1.5, b"\x00\xff"]
+def test_a_call_goes_out_as_redis_pys_evalsha_in_the_clients_encoding() -> None:
+    keys = ["redislock:{ünï}:lock", "k2"]
+    block = KeyBlock(keys, "latin-1")  # the keys encoded once, as the client would
+    args: list[Any] = ["tók", 30000, 0, "w:", 2000, 1.5, b"\x00\xff"]
     sha = _scripts.get("lock_acquire").sha
-    ours = block.evalsha(sha, args)
-    packer = redis.Connection()
-    theirs = b"".join(packer.pack_command("EVALSHA", sha, 2, "redislock:{ünï}:lock", "k2", *args))
+    packer = redis.Connection(encoding="latin-1")
+    ours = b"".join(packer.pack_command(*block.evalsha(sha, args)))
+    theirs = b"".join(packer.pack_command("EVALSHA", sha, 2, *keys, *args))
     assert ours == theirs
+    assert "ünï".encode("latin-1") in ours and "tók".encode("latin-1") in ours
 
 
 def test_a_release_packed_ahead_still_carries_a_reservation_set_after_acquire(

@@ -24,7 +24,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError
 
-from . import _cluster, _encode
+from . import _cluster
 from ._checkout import pool_of
 from ._encode import KeyBlock
 from ._execute import execute, execute_and_wait
@@ -90,7 +90,7 @@ def _on_pool(
 ) -> Any:
     """The call (and its WAIT) in one round trip on a connection of ``pool``:
     the reply, or ``(reply, replicas that acknowledged)`` with ``replicas``."""
-    wait = None if replicas is None else _encode.command("WAIT", *replicas)
+    wait = None if replicas is None else ("WAIT", *replicas)
 
     def send() -> list[Any]:
         return roundtrip(pool, packed, sends, deadline, wait)

@@ -1,9 +1,11 @@
-"""Packing script calls: a primitive's keys encoded once, its arguments per call.
+"""A primitive's keys, encoded once, and the commands that carry them.
 
-redis-py encodes every argument of every command anew; a primitive's keys
-never change, so :class:`KeyBlock` encodes them once, in the client's
-encoding, and keeps the head of each EVALSHA it has sent (name, sha, key
-count, keys) ready to append the call's few arguments to.
+:class:`KeyBlock` holds the keys of one primitive: as given (a cluster finds
+their node by them) and encoded once in the client's encoding (redis-py
+encodes every argument of every command anew; a primitive's keys never
+change).  A command is its arguments, packed by the connection that sends it
+(its ``pack_command``, as redis-py's own commands are: :func:`send`), or
+handed to a client's ``execute_command`` or pipeline.
 """
 
 from __future__ import annotations
@@ -11,87 +13,30 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
-__all__ = ["KeyBlock", "command", "encoding_of", "pack_arg", "pack_command", "send"]
-
-#: Whether commands are packed here (else by the connection, at send time;
-#: read per call: bench/transport_paths.py turns it off to compare).
-HAND_PACKED = True
-
-
-def command(*args: Any, encoding: str = "utf-8") -> Any:
-    """A command to :func:`send`: packed here, or its arguments."""
-    return pack_command(*args, encoding=encoding) if HAND_PACKED else args
-
-
-def send(conn: Any, commands: list[Any]) -> None:
-    """Write ``commands`` (each packed here, or arguments) on ``conn``."""
-    if type(commands[0]) is bytes:
-        conn.send_packed_command(commands)
-    else:
-        conn.send_packed_command(conn.pack_commands(commands))
+__all__ = ["KeyBlock", "encoding_of", "send"]
 
 
 class KeyBlock:
-    """The keys of one primitive: as given, encoded, and packed for EVALSHA."""
+    """The keys of one primitive: as given, and encoded."""
 
-    __slots__ = ("encoded", "encoding", "heads", "keys", "packed")
+    __slots__ = ("encoded", "encoding", "keys")
 
     def __init__(self, keys: list[str], encoding: str = "utf-8") -> None:
         self.keys = keys
         self.encoding = encoding
         self.encoded = [key.encode(encoding) for key in keys]
-        count = str(len(keys)).encode()
-        self.packed = b"$%d\r\n%s\r\n" % (len(count), count) + b"".join(
-            [b"$%d\r\n%s\r\n" % (len(k), k) for k in self.encoded]
-        )
-        #: (script sha, number of args) -> the command up to its first argument.
-        self.heads: dict[tuple[str, int], bytes] = {}
 
     def evalsha(self, sha: str, args: list[Any]) -> Any:
-        """``EVALSHA sha <keys> <args>``, packed as the Redis protocol sends it."""
-        if not HAND_PACKED:
-            return ("EVALSHA", sha, len(self.keys), *self.encoded, *args)
-        head = self.heads.get((sha, len(args)))
-        if head is None:
-            n = 3 + len(self.keys) + len(args)
-            head = self.heads[sha, len(args)] = (
-                b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (n, sha.encode()) + self.packed
-            )
-        encoding = self.encoding
-        return head + b"".join([pack_arg(a, encoding) for a in args])
-
-    def evalsha_args(self, sha: str, args: list[Any]) -> list[Any]:
-        """The same call as arguments for redis-py's ``execute_command``."""
-        return ["EVALSHA", sha, len(self.keys), *self.encoded, *args]
+        """``EVALSHA sha <keys> <args>``: the command's arguments (a tuple)."""
+        return ("EVALSHA", sha, len(self.encoded), *self.encoded, *args)
 
 
-def pack_arg(value: Any, encoding: str = "utf-8") -> bytes:
-    """One bulk string of the Redis protocol, encoded as redis-py would."""
-    kind = type(value)
-    if kind is str:
-        data = value.encode(encoding)
-    elif kind is int:
-        data = b"%d" % value
-    elif kind is bytes:
-        data = value
-    elif isinstance(value, bool) or value is None:
-        raise TypeError(f"cannot send {value!r} to Redis")
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        data = bytes(value)
-    elif isinstance(value, str):
-        data = str(value).encode(encoding)
-    elif isinstance(value, int):
-        data = b"%d" % int(value)
-    elif isinstance(value, float):
-        data = repr(float(value)).encode()
+def send(conn: Any, commands: list[Any]) -> None:
+    """Write ``commands`` (each a tuple of arguments) on ``conn``, in one write."""
+    if len(commands) == 1:
+        conn.send_packed_command(conn.pack_command(*commands[0]))
     else:
-        raise TypeError(f"cannot send {value!r} to Redis")
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
-def pack_command(*args: Any, encoding: str = "utf-8") -> bytes:
-    """A whole command (name first), packed."""
-    return b"*%d\r\n" % len(args) + b"".join([pack_arg(a, encoding) for a in args])
+        conn.send_packed_command(conn.pack_commands(commands))
 
 
 #: (client, weakly; its encoding) of the client asked about last: a task run

@@ -47,7 +47,7 @@ def execute(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> An
     """The call through ``client.execute_command``; NOSCRIPT loads the script
     on the server that owns the keys (on a cluster, SCRIPT LOAD would go to a
     node of redis-py's choosing) and sends it once more."""
-    command = block.evalsha_args(script.sha, args)
+    command = block.evalsha(script.sha, args)
 
     def send() -> Any:
         try:
@@ -91,7 +91,7 @@ def pipelined(
         pipe = client.pipeline(transaction=False)
         for i in indexes:
             script, block, args = calls[i]
-            pipe.execute_command(*block.evalsha_args(script.sha, args), NEVER_DECODE=True)
+            pipe.execute_command(*block.evalsha(script.sha, args), NEVER_DECODE=True)
         if replicas is not None:
             pipe.execute_command("WAIT", *replicas)
         try:

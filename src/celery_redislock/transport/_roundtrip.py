@@ -40,19 +40,20 @@ _DEADLINE_TRIES = 3
 
 def roundtrip(
     pool: Any,
-    packed: Any,
+    command: tuple[Any, ...],
     sends: Optional[list[int]] = None,
     deadline: Optional[float] = None,
-    then: Any = None,
+    then: Optional[tuple[Any, ...]] = None,
 ) -> list[Any]:
-    """Send ``packed`` (and ``then`` after it, in the same write) on a
-    connection of ``pool``; their replies.  An error reply to ``packed``
-    raises once ``then``'s reply has been read too."""
+    """Send ``command`` (and ``then`` after it, in the same write) on a
+    connection of ``pool``; their replies.  An error reply to ``command``
+    raises once ``then``'s reply has been read too.  ``sends`` and
+    ``deadline``: as for :func:`~._calls.call`."""
     # A call bounded by a deadline goes on a connection of our own whose
     # connecting is bounded too, and is retried only while time is left.
     conn = checkout(pool) if deadline is None else _own.take(pool)
     started = time.monotonic()
-    commands = [packed] if then is None else [packed, then]
+    commands = [command] if then is None else [command, then]
 
     def read(timed: bool) -> list[Any]:
         replies: list[Any] = []

@@ -64,11 +64,10 @@ _EARLY = 0.02
 
 def _pop(pool: Any, key: str, timeout: float, read_by: float, asking: bool) -> Optional[bytes]:
     conn = _own.take(pool)
-    encoding = pool.connection_kwargs.get("encoding", "utf-8")
     seconds = max(0.001, timeout)
-    commands = [_encode.command("BLPOP", key, f"{seconds:.3f}", encoding=encoding)]
+    commands: list[tuple[Any, ...]] = [("BLPOP", key, f"{seconds:.3f}")]
     if asking:
-        commands.insert(0, _encode.command("ASKING", encoding=encoding))
+        commands.insert(0, ("ASKING",))
     reading = False
     try:
         # connect() first, as a pool does: a Sentinel connection asks where the
