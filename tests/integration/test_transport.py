@@ -114,6 +114,27 @@ def test_a_flushed_script_is_loaded_again_and_the_call_goes_through(r: redis.Red
     assert not r.exists(lock.key)
 
 
+def test_a_flushed_batch_loads_each_script_once_and_resends_only_its_calls(
+    redis_url: str, r: redis.Redis
+) -> None:
+    client, trips = counting_client(redis_url)
+    count, fence = _scripts.get("multi_count"), _scripts.get("fence_bump")
+    calls = [(count, KeyBlock([f"transport-batch-{i}"]), []) for i in range(3)]
+    r.script_load(fence.script)
+    calls.append((fence, KeyBlock(["transport-batch-fence"]), [1000]))
+    assert transport.call_batch(client, calls)[:3] == [0, 0, 0]
+    r.script_flush()
+    r.script_load(fence.script)  # known: its call is not sent again
+    trips.reset()
+    assert transport.call_batch(client, calls)[:3] == [0, 0, 0]
+    assert trips.names(handshake=False) == [
+        ["EVALSHA"] * 4,  # the pipeline: three answered NOSCRIPT
+        ["SCRIPT"],  # their script loaded, once
+        ["EVALSHA"] * 3,  # and just those three sent again
+    ]
+    client.close()
+
+
 def test_a_connection_killed_by_the_server_is_reopened(r: redis.Redis, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     lock = Lock(client, "transport-killed", ttl=5.0)
