@@ -20,7 +20,7 @@ from typing import Any, Optional
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from ..primitives import _scripts as sources  # the one import of the scripts
+from ..primitives import scripts as sources  # the one import of the scripts
 from ..primitives.protocol import Call
 from ..transport import DeadlineExceeded
 

@@ -386,7 +386,8 @@ class Primitive:
             # have sent the call twice (the first ran, its reply was lost):
             # while the lease should still be alive and nobody was granted
             # the name after us (the fence is still ours), nobody overlapped.
-            if time.monotonic() < self._lease_until and await self._no_grant_since(fence):
+            alive = not self.lost and time.monotonic() < self._lease_until
+            if alive and await self._no_grant_since(fence):
                 return
             self.lost = True
             raise LockLost(
