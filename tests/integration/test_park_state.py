@@ -312,7 +312,7 @@ def test_a_state_written_between_the_read_and_the_write_wins(
     task_id = uniq("swap")
     request = Context(id=task_id, hostname="here@host", ignore_result=False)
     task = SimpleNamespace(name="t.swap", backend=app.backend, ignore_result=False)
-    prim = SimpleNamespace(kind="lock", name="swap")
+    prim = SimpleNamespace(noun="lock", name="swap")
     own = {"pid": os.getpid(), "hostname": "here@host"}
 
     app.backend.store_result(task_id, own, states.STARTED)
