@@ -27,6 +27,7 @@ nitpick_ignore = [
     ("py:class", "UniqueRun"),
     ("py:class", "MetricsStep"),
     ("py:class", "celery_redislock.primitives.rwlock.Side"),
+    ("py:class", "celery_redislock.asyncio.rwlock.Side"),
     ("py:class", "celery_redislock.ops.metrics.Metrics"),
     ("py:class", "celery_redislock.ops.metrics_endpoint.Server"),
     ("py:mod", "celery_redislock.ops.metrics_endpoint"),
