@@ -133,8 +133,8 @@ def mirrored() -> bool:
 
 def checkout(pool: Any) -> Any:
     """A connection of ``pool`` for one call, ready to send on."""
-    # Buys a hand-over median of 0.85-0.89x on redis-py 8.1 (bench/transport_paths.py,
-    # 15 interleaved batches a run, three runs); 0.96x on redis-py 5.0, whose
+    # Buys a hand-over median of 0.88-0.89x on redis-py 8.1 (bench/transport_paths.py,
+    # three runs of 15 interleaved batches); 0.95-0.96x on redis-py 5.0, whose
     # checkout records no metrics.
     if MIRRORED and type(pool) is redis.ConnectionPool and pool.pid == os.getpid() and mirrored():
         with pool._lock:
