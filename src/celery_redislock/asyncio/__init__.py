@@ -7,10 +7,11 @@ holder hands over to an asyncio waiter and back.  Clients: ``redis.asyncio.Redis
 (also ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``) and
 ``redis.asyncio.cluster.RedisCluster``.
 
-Modules: ``primitive.py`` (acquire-or-wait, release, extend), ``lock.py``,
+Modules: ``primitive.py`` (acquire, release, extend), ``lock.py``,
 ``semaphore.py``, ``rwlock.py``; ``calls.py`` (script calls, the one place
-they are sent), ``waits.py`` (wake-up waits), ``renewal.py`` (one renewal
-task per event loop and client), ``cancellation.py``.  What it may import:
+they are sent), ``waits.py`` (a blocking acquire's waits for its hand-over),
+``renewal.py`` (one renewal task per event loop and client),
+``cancellation.py`` (work a cancellation must not cut short).  What it may import:
 the standard library, redis-py, :mod:`celery_redislock.primitives`,
 :mod:`celery_redislock.transport`'s public names, and the package's
 exceptions and validators.  Never Celery.

@@ -21,9 +21,7 @@ cancelled ``release`` still releases (:mod:`.cancellation`).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Optional, Union
@@ -33,7 +31,6 @@ from redis.exceptions import ResponseError
 from .. import _validate
 from ..exceptions import (
     BackendUnavailable,
-    BackendUnsupported,
     ConfigurationError,
     LockError,
     LockLost,
@@ -44,32 +41,13 @@ from ..primitives import arguments, protocol
 from ..primitives.keys import LockKeys, MultiKeys
 from ..primitives.protocol import Call, Granted, Handoff, Kind, Queued
 from ..primitives.tokens import new_token
-from ..transport import UNREACHABLE, DeadlineExceeded, refused_as_too_old
+from ..transport import UNREACHABLE, refused_as_too_old
 from . import calls, renewal
+from .calls import too_old, unreachable
 from .cancellation import complete
-from .waits import Waiter
+from .waits import wait_for_grant
 
 __all__ = ["Primitive"]
-
-#: Consecutive failed waits (the wait connection broke) before acquire gives up.
-_WAIT_FAILURES = 2
-#: A wait that ends this close to the caller's deadline was its last one, s.
-_LAST_WAIT = 0.05
-
-
-def unreachable(op: str, key: str, exc: BaseException) -> BackendUnavailable:
-    error = BackendUnavailable(f"Redis unreachable during {op} of {key!r}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-def too_old(op: str, key: str, exc: BaseException) -> BackendUnsupported:
-    error = BackendUnsupported(
-        f"Redis refused the {op} script of {key!r} as a syntax error, as a server before "
-        f"Redis 6.2 refuses its SET ... GET: celery_redislock needs Redis 6.2 or later ({exc})"
-    )
-    error.__cause__ = exc
-    return error
 
 
 class Primitive:
@@ -226,7 +204,7 @@ class Primitive:
         try:
             if not blocking:
                 return isinstance(await self._attempt(token, 0), Granted)
-            return await self._wait_for_grant(token, timeout)
+            return await wait_for_grant(self, token, timeout)
         except BackendUnavailable:
             raise  # (Redis unreachable: a place in line lapses by itself)
         except BaseException:
@@ -234,66 +212,6 @@ class Primitive:
             # release a grant the caller will not know of.
             await complete(self._abandon(token))
             raise
-
-    async def _wait_for_grant(self, token: str, timeout: Optional[float]) -> bool:
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        # With a timeout, every call is bounded by it too (a stalled
-        # connection, a reconnect), and giving up by one connect timeout more.
-        by = None if timeout is None else deadline
-
-        async def attempt() -> Optional[protocol.AcquireResult]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None  # out of time: give up below
-            wait = protocol.FOREVER_MS if left == math.inf else max(1, int(left * 1000))
-            try:
-                return await self._attempt(token, wait, by)
-            except BackendUnavailable as exc:
-                if isinstance(exc.__cause__, DeadlineExceeded):
-                    return None  # out of time: give up below
-                raise
-
-        waiter = Waiter(self.client)
-        try:
-            result = await attempt()
-            failures = 0
-            while not isinstance(result, Granted):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return await self._give_up(token)
-                # Wait until a release hands over, or until the holder's lease
-                # would have run out (it may have crashed); then ask again.
-                block = min(left, max(self.holder_ttl_ms or 1, 1) / 1000.0 + 0.002)
-                try:
-                    popped = await waiter.pop(self.keys.wake + token, block, by)
-                except UNREACHABLE as exc:
-                    failures += 1
-                    if failures >= _WAIT_FAILURES:
-                        await complete(self._abandon(token))
-                        raise unreachable("acquire", self.key, exc) from exc
-                    popped = None
-                else:
-                    failures = 0
-                if popped is None and time.monotonic() >= deadline - _LAST_WAIT:
-                    # The wait ran to the deadline (ending a little early, to be
-                    # read by then): give up at the deadline, not before; a grant
-                    # made meanwhile is found by the give-up.
-                    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-                    return await self._give_up(token)
-                if popped is not None:
-                    fence, granted_ms = protocol.parse_wake(popped)
-                    start = protocol.lease_start(self._sent, self._server_ms, granted_ms)
-                    if start + self.ttl > time.monotonic():
-                        self._granted(token, fence, start)
-                        return True
-                    # The wake-up came too late (a stalled loop): the lease it
-                    # granted may have run out, and even been granted again.
-                    # Ask once more with the same token: a lease still ours is
-                    # renewed and confirmed, else we queue.
-                result = await attempt()
-            return True
-        finally:
-            await waiter.close()
 
     async def _attempt(
         self, token: str, wait_ms: int, deadline: Optional[float] = None

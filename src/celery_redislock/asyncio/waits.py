@@ -1,4 +1,9 @@
-"""Waiting for a wake-up: BLPOP on a connection of the waiter's own.
+"""Waiting for a hand-over: BLPOP on a connection of the waiter's own.
+
+:func:`wait_for_grant` is a blocking acquire's loop, as the sync driver runs
+it: ask (queueing), wait for the wake-up a release pushes, and when the wait
+ends without one (the holder's lease would have run out), ask again, keeping
+the place in line; give up (leaving the line) at the caller's deadline.
 
 A blocked BLPOP holds its connection for as long as it waits.  Taken from
 the client's pool, it would starve a bounded pool (``BlockingConnectionPool``,
@@ -20,22 +25,36 @@ slot, and the next wait goes to the node that owns it then.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AskError
 
-from .calls import CONNECT_TIMEOUT
+from ..exceptions import BackendUnavailable
+from ..primitives import protocol
+from ..primitives.protocol import Granted
+from ..transport import UNREACHABLE, DeadlineExceeded
+from .calls import CONNECT_TIMEOUT, unreachable
+from .cancellation import complete
 
-__all__ = ["MARGIN", "Waiter"]
+if TYPE_CHECKING:
+    from .primitive import Primitive
+
+__all__ = ["MARGIN", "Waiter", "wait_for_grant"]
 
 #: How long past a BLPOP's own timeout its reply is awaited, in seconds.
 MARGIN = 0.25
 #: How much earlier than the caller's deadline its last BLPOP ends, in seconds.
 _EARLY = 0.02
+#: Consecutive failed waits (the wait connection broke) before acquire gives up.
+_WAIT_FAILURES = 2
+#: A wait that ends this close to the caller's deadline was its last one, s.
+_LAST_WAIT = 0.05
 
 
 def _connection_for(client: Any, key: str) -> tuple[Any, Any]:
@@ -124,3 +143,66 @@ class Waiter:
             # Without waiting for the close to finish: this runs when an
             # acquire is cancelled too.
             await conn.disconnect(nowait=True)
+
+
+async def wait_for_grant(prim: Primitive, token: str, timeout: Optional[float]) -> bool:
+    """The blocking acquire of ``prim`` under ``token`` once its first call is to be
+    sent: ask, wait for the wake-up, ask again, until granted or out of time."""
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    # With a timeout, every call is bounded by it too (a stalled
+    # connection, a reconnect), and giving up by one connect timeout more.
+    by = None if timeout is None else deadline
+
+    async def attempt() -> Optional[protocol.AcquireResult]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None  # out of time: give up below
+        wait = protocol.FOREVER_MS if left == math.inf else max(1, int(left * 1000))
+        try:
+            return await prim._attempt(token, wait, by)
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, DeadlineExceeded):
+                return None  # out of time: give up below
+            raise
+
+    waiter = Waiter(prim.client)
+    try:
+        result = await attempt()
+        failures = 0
+        while not isinstance(result, Granted):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return await prim._give_up(token)
+            # Wait until a release hands over, or until the holder's lease
+            # would have run out (it may have crashed); then ask again.
+            block = min(left, max(prim.holder_ttl_ms or 1, 1) / 1000.0 + 0.002)
+            try:
+                popped = await waiter.pop(prim.keys.wake + token, block, by)
+            except UNREACHABLE as exc:
+                failures += 1
+                if failures >= _WAIT_FAILURES:
+                    await complete(prim._abandon(token))
+                    raise unreachable("acquire", prim.key, exc) from exc
+                popped = None
+            else:
+                failures = 0
+            if popped is None and time.monotonic() >= deadline - _LAST_WAIT:
+                # The wait ran to the deadline (ending a little early, to be
+                # read by then): give up at the deadline, not before; a grant
+                # made meanwhile is found by the give-up.
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+                return await prim._give_up(token)
+            if popped is not None:
+                fence, granted_ms = protocol.parse_wake(popped)
+                start = protocol.lease_start(prim._sent, prim._server_ms, granted_ms)
+                if start + prim.ttl > time.monotonic():
+                    prim._granted(token, fence, start)
+                    return True
+                # The wake-up came too late (a stalled loop): the lease it
+                # granted may have run out, and even been granted again.
+                # Ask once more with the same token: a lease still ours is
+                # renewed and confirmed, else we queue.
+            result = await attempt()
+        return True
+    finally:
+        await waiter.close()
