@@ -533,3 +533,35 @@ def test_a_release_hands_parked_runs_to_on_handoff(
         handed = asyncio.run(body())
     assert handed == [[("parked-given", b"message")]]
     assert any("no on_handoff" in m for m in caplog.messages), caplog.messages
+
+
+def test_a_decoding_client_reads_script_replies_undecoded(r: redis.Redis, redis_url: str) -> None:
+    """With ``decode_responses=True`` the scripts' replies still come back as
+    bytes (NEVER_DECODE): a parked payload that is not text is handed over whole."""
+
+    async def body() -> tuple[list[Any], bool, bool]:
+        client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            handed: list[Any] = []
+            holder = Lock(client, "decoded", ttl=10)
+            assert await holder.acquire()
+            waiter = Lock(client, "decoded", ttl=10)
+            waiter.on_handoff = handed.append
+            task = asyncio.create_task(waiter.acquire(timeout=5))
+            await queued(client, holder, 1)
+            park = protocol.acquire(
+                Kind.LOCK, holder.keys, "parked", 10000, 0, 600000, payload=b"\xff\x00"
+            )
+            await calls.run(client, park)
+            await holder.release()
+            got = await task
+            owned = await waiter.owned()
+            await waiter.release()  # grants the parked run
+            await no_renewals()
+            return handed, got, owned
+        finally:
+            await close(client)
+
+    handed, got, owned = asyncio.run(body())
+    assert got and owned
+    assert handed == [[("parked", b"\xff\x00")]]
