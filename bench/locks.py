@@ -30,11 +30,11 @@ celery_redislock in the same run.  A benchmark, not a test: it never asserts.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import multiprocessing
 import os
 import platform
-import random
 import statistics
 import time
 from collections import Counter
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any, Callable, Optional
 
+import async_locks
 import redis
 from common import add_hold_ms, command_name, log, p99, private_server, split, time_cycles
 from redis.connection import Connection
@@ -120,6 +121,9 @@ class Contender:
     seed: Optional[Callable[[redis.Redis, str], None]] = None
     #: Whether handoffs are measured (not for PING, which is no lock).
     handoff: bool = True
+    #: Whether ``make`` takes a ``redis.asyncio`` client and returns a lock
+    #: whose acquire() and release() are coroutines (see async_locks.py).
+    asynchronous: bool = False
 
 
 def _ours(client: redis.Redis, name: str) -> Any:
@@ -227,13 +231,17 @@ class Ping:
         pass
 
 
+TOKEN_LIST = "baseline: token list (BLPOP + RPUSH)"
+SCRIPTED_QUEUE = "baseline: scripted queue (4 commands)"
 CONTENDERS = [
     Contender("celery_redislock", _ours),
+    Contender("celery_redislock asyncio", async_locks.ours, asynchronous=True),
+    Contender("redis-py asyncio Lock", async_locks.redis_py, asynchronous=True),
     Contender("redis-py Lock", _redis_py),
     Contender("python-redis-lock", _python_redis_lock),
     Contender("pottery Redlock", _pottery),
-    Contender("baseline: token list (BLPOP + RPUSH)", TokenList, TokenList.seed),
-    Contender("baseline: scripted queue (4 commands)", ScriptedQueue),
+    Contender(TOKEN_LIST, TokenList, TokenList.seed),
+    Contender(SCRIPTED_QUEUE, ScriptedQueue),
     Contender("baseline: Redis PING", Ping, handoff=False),
 ]
 BASELINE = CONTENDERS[0].label
@@ -250,6 +258,8 @@ class Result:
     handoffs: list[tuple[float, float]] = field(default_factory=list)
     #: The median handoff latency of each batch.
     batch_medians: list[float] = field(default_factory=list)
+    #: The median uncontended cycle of each batch.
+    batch_cycles: list[float] = field(default_factory=list)
     #: With --segments, per handoff: (release call to send, send to the
     #: waiter's read of the wake-up, that read to acquire() returning).
     segments: list[tuple[float, float, float]] = field(default_factory=list)
@@ -263,15 +273,16 @@ def prepare(client: redis.Redis, c: Contender) -> Result:
     name = f"bench:cycle:{c.label}"
     if c.seed is not None:
         c.seed(client, name)
-    lock = c.make(client, name)
+    port = client.connection_pool.connection_kwargs["port"]
+    lock = async_locks.Driven(c.make, port, name) if c.asynchronous else c.make(client, name)
     for _ in range(WARMUP_CYCLES):
         lock.acquire()
         lock.release()
-    CountingConnection.sent = sent = []
+    CountingConnection.sent = async_locks.AsyncCountingConnection.sent = sent = []
     for _ in range(COUNTED_CYCLES):
         lock.acquire()
         lock.release()
-    CountingConnection.sent = None
+    CountingConnection.sent = async_locks.AsyncCountingConnection.sent = None
     counts = Counter(sent)
     commands = ", ".join(
         name if n == COUNTED_CYCLES else f"{name} x{n / COUNTED_CYCLES:g}"
@@ -300,44 +311,30 @@ def handoff_player(
     that it is about to call acquire() and calls it; the holder sleeps a
     random ``hold`` (s), notes the time and releases, then sends that time
     (and the time its command went out, with ``segments``); the waiter, now
-    the holder, records acquire-return minus release-call.
+    the holder, records acquire-return minus release-call.  The rounds run in
+    a coroutine, so that an asyncio lock is awaited in its own event loop; a
+    sync lock's calls are made from it directly.
     """
+    if c.asynchronous:
+        samples = asyncio.run(async_locks.play(c, port, name, peer, holds_first, rounds, hold))
+        out.send(samples)
+        return
     client = make_client(port, timing=segments)
     warm = c.make(client, name + ":warm")  # connect, load scripts, start threads
     warm.acquire()
     warm.release()
     lock = c.make(client, name)
-    rng = random.Random(os.getpid())
-    # (round, latency, time blocked, segments or None)
-    samples: list[tuple[int, float, float, Optional[tuple[float, float, float]]]] = []
-    holding = holds_first
-    if holding:
-        lock.acquire()
-    for i in range(rounds):
-        if holding:
-            peer.send("held")
-            peer.recv()  # "waiting": the peer is about to call acquire()
-            time.sleep(rng.uniform(*hold))
-            TimingConnection.first_send = None
-            released_at = now()
-            lock.release()
-            peer.send((released_at, TimingConnection.first_send))
-            holding = False
-        else:
-            peer.recv()  # "held"
-            peer.send("waiting")
-            called_at = now()
-            lock.acquire()
-            got_at = now()
-            released_at, sent_at = peer.recv()
-            parts = None
-            if segments and sent_at is not None:
-                read_at = TimingConnection.last_read
-                parts = (sent_at - released_at, read_at - sent_at, got_at - read_at)
-            samples.append((i, got_at - released_at, released_at - called_at, parts))
-            holding = True
-    if holding:
-        lock.release()
+    samples = asyncio.run(
+        async_locks.rounds(
+            async_locks.awaiting(lock.acquire),
+            async_locks.awaiting(lock.release),
+            peer,
+            holds_first,
+            rounds,
+            hold,
+            TimingConnection if segments else None,
+        )
+    )
     out.send(samples)
     client.close()
 
@@ -424,22 +421,38 @@ def table(results: list[Result]) -> str:
 
 
 def paired(results: list[Result]) -> str:
-    """celery_redislock's handoff against the two handoff baselines, batch by batch.
+    """Figures paired batch by batch: celery_redislock's handoff against the two
+    handoff baselines, and its asyncio Lock against its sync Lock (handoff)
+    and against redis-py's asyncio Lock (uncontended cycle).
 
     The machine's speed drifts over a run (other tenants, frequency scaling)
     by more than the difference measured; batches run the contenders back to
     back, so the ratio of two medians of one batch cancels most of that drift.
     """
-    ours = next(r for r in results if r.contender.label == BASELINE)
+
+    def row(label: str) -> Result:
+        return next(r for r in results if r.contender.label == label)
+
+    ours, ours_async = row(BASELINE), row("celery_redislock asyncio")
+    pairs = [
+        (ours, row(TOKEN_LIST), "batch_medians", "Handoff vs the token-list floor"),
+        (ours, row(SCRIPTED_QUEUE), "batch_medians", "Handoff vs the scripted queue"),
+        (ours_async, ours, "batch_medians", "asyncio handoff vs the sync Lock's"),
+        (
+            ours_async,
+            row("redis-py asyncio Lock"),
+            "batch_cycles",
+            "asyncio uncontended cycle vs redis-py's asyncio Lock's",
+        ),
+    ]
     lines = []
-    for make, what in ((TokenList, "token-list floor"), (ScriptedQueue, "scripted queue")):
-        floor = next(r for r in results if r.contender.make is make)
-        ratios = [a / b for a, b in zip(ours.batch_medians, floor.batch_medians) if b]
+    for mine, other, figure, what in pairs:
+        ratios = [a / b for a, b in zip(getattr(mine, figure), getattr(other, figure)) if b]
         if not ratios:
-            lines.append(f"Handoff vs the {what}: no batches measured.")
+            lines.append(f"{what}: no batches measured.")
             continue
         lines.append(
-            f"Handoff vs the {what}, per batch (median of each, {len(ratios)} batches): "
+            f"{what}, per batch (median of each, {len(ratios)} batches): "
             f"median ratio {statistics.median(ratios):.2f}x, "
             f"range {min(ratios):.2f}-{max(ratios):.2f}x"
         )
@@ -525,7 +538,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             started = now()
             k = b % len(results)
             for r in results[k:] + results[:k]:
-                r.cycles += time_cycles(r.lock, cycles[b])
+                timed = r.lock.time_cycles if r.contender.asynchronous else None
+                times = timed(cycles[b]) if timed else time_cycles(r.lock, cycles[b])
+                r.cycles += times
+                r.batch_cycles.append(statistics.median(times))
                 c = r.contender
                 if c.handoff and handoffs[b]:
                     name = f"bench:handoff:{c.label}:{b}"
