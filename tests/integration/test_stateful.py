@@ -1,5 +1,8 @@
 """Lock and Semaphore against a model, driven by hypothesis.stateful, on a real Redis.
 
+Both drivers of the lock protocol run the same machine: the sync primitives,
+and the asyncio ones (each step awaited in an event loop of the machine's).
+
 Three clients of one name take, release, renew and lose (the lease runs
 out, as after a pause) their holds, queue and give up (with or without a
 release handing over to them first), and ask again with the token they hold
@@ -12,17 +15,24 @@ ran out told so on release or renewal.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
+import celery_redislock.asyncio as aio
 from celery_redislock import Lock, LockLost, LockNotOwned, Semaphore
+from celery_redislock.primitives.protocol import Granted
+from celery_redislock.primitives.tokens import new_token
 
 CLIENTS = 3
 SETTINGS = settings(
@@ -34,17 +44,67 @@ SETTINGS = settings(
 who = st.integers(min_value=0, max_value=CLIENTS - 1)
 
 
-def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
+class SyncDriver:
+    """The machine's steps on the sync primitives."""
+
+    def __init__(self, url: str) -> None:
+        self.client: Any = redis.Redis.from_url(url)
+
+    def make(self, name: str, limit: int) -> Any:
+        if limit == 1:
+            return Lock(self.client, name, ttl=5.0, renew=False)
+        return Semaphore(self.client, name, limit, ttl=5.0, renew=False)
+
+    def run(self, value: Any) -> Any:
+        """The outcome of a step: a coroutine's, awaited."""
+        return value
+
+    @staticmethod
+    def held(status: Any) -> bool:
+        """Whether an acquire call's outcome is a grant."""
+        return bool(status == 1)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncDriver(SyncDriver):
+    """The same steps on the asyncio primitives, awaited in one event loop."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.client = self.loop.run_until_complete(self._connect(url))
+
+    @staticmethod
+    async def _connect(url: str) -> Any:
+        return redis.asyncio.Redis.from_url(url)
+
+    def make(self, name: str, limit: int) -> Any:
+        if limit == 1:
+            return aio.Lock(self.client, name, ttl=5.0, renew=False)
+        return aio.Semaphore(self.client, name, limit, ttl=5.0, renew=False)
+
+    def run(self, value: Any) -> Any:
+        return self.loop.run_until_complete(value) if inspect.isawaitable(value) else value
+
+    @staticmethod
+    def held(status: Any) -> bool:
+        return isinstance(status, Granted)
+
+    def close(self) -> None:
+        close = getattr(self.client, "aclose", None) or self.client.close
+        self.loop.run_until_complete(close())
+        self.loop.close()
+
+
+def machine(client: redis.Redis, driver: SyncDriver, limit: int) -> type[RuleBasedStateMachine]:
+    run = driver.run
+
     class Holds(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             name = f"stateful-{uuid.uuid4().hex[:8]}"
-            self.prims: list[Any] = [
-                Lock(client, name, ttl=5.0, renew=False)
-                if limit == 1
-                else Semaphore(client, name, limit, ttl=5.0, renew=False)
-                for _ in range(CLIENTS)
-            ]
+            self.prims: list[Any] = [driver.make(name, limit) for _ in range(CLIENTS)]
             self.holding: set[int] = set()
             self.expired: set[int] = set()  # held, but the lease ran out
             self.last_fence = 0
@@ -54,7 +114,7 @@ def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
             prim = self.prims[i]
             if i in self.holding or i in self.expired:
                 return  # the object holds (or believes it holds) already
-            got = prim.acquire(blocking=False)
+            got = run(prim.acquire(blocking=False))
             assert got == (len(self.holding) < limit), (got, self.holding)
             if got:
                 self.granted(i)
@@ -73,17 +133,17 @@ def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
             prim = self.prims[i]
             if i in self.holding or i in self.expired:
                 return
-            token = prim._new_token()
-            if prim._attempt(token, 60_000) == 1:  # room: granted at once
+            token = new_token(prim.owner)
+            if driver.held(run(prim._attempt(token, 60_000))):  # room: granted at once
                 assert len(self.holding) < limit, self.holding
                 self.granted(i)
                 return
             assert len(self.holding) == limit, self.holding
             if handed:
                 j = min(self.holding)
-                self.prims[j].release()
+                run(self.prims[j].release())
                 self.holding.discard(j)
-            assert prim._give_up(token) == handed
+            assert run(prim._give_up(token)) == handed
             if handed:
                 self.granted(i)
 
@@ -100,7 +160,7 @@ def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
             self.expired.discard(i)
             room = i in self.holding or len(self.holding) < limit
             self.holding.discard(i)
-            got = prim._attempt(token, 0) == 1
+            got = driver.held(run(prim._attempt(token, 0)))
             assert got == room, (got, self.holding)
             if got:
                 self.granted(i)
@@ -109,24 +169,24 @@ def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
         def renew(self, i: int) -> None:
             prim = self.prims[i]
             if i in self.holding:
-                prim.extend()
+                run(prim.extend())
             elif i in self.expired:
                 with pytest.raises(LockLost):
-                    prim.extend()
+                    run(prim.extend())
                 self.expired.discard(i)  # (told: it holds nothing now)
             else:
                 with pytest.raises(LockNotOwned):
-                    prim.extend()
+                    run(prim.extend())
 
         @rule(i=who)
         def release(self, i: int) -> None:
             prim = self.prims[i]
             if i in self.holding:
-                prim.release()
+                run(prim.release())
                 self.holding.discard(i)
             elif i in self.expired:
                 try:
-                    prim.release()
+                    run(prim.release())
                 except LockLost:
                     pass
                 else:
@@ -134,7 +194,7 @@ def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
                 self.expired.discard(i)
             else:
                 try:
-                    prim.release()
+                    run(prim.release())
                 except LockNotOwned:
                     pass
                 else:
@@ -155,20 +215,27 @@ def machine(client: redis.Redis, limit: int) -> type[RuleBasedStateMachine]:
 
         @invariant()
         def agrees_with_the_model(self) -> None:
-            owned = {i for i, p in enumerate(self.prims) if p.token is not None and p.owned()}
+            owned = {i for i, p in enumerate(self.prims) if p.token is not None and run(p.owned())}
             assert owned == self.holding, (owned, self.holding)
             assert len(owned) <= limit
 
         def teardown(self) -> None:
             for i in self.holding:
-                self.prims[i].release()
+                run(self.prims[i].release())
 
     return Holds
 
 
-def test_a_lock_agrees_with_its_model(r: redis.Redis) -> None:
-    run_state_machine_as_test(machine(r, 1), settings=SETTINGS)
+@pytest.fixture(params=[SyncDriver, AsyncDriver], ids=["sync", "asyncio"])
+def driver(request: pytest.FixtureRequest, r: redis.Redis, redis_url: str) -> Iterator[SyncDriver]:
+    made = request.param(redis_url)
+    yield made
+    made.close()
 
 
-def test_a_semaphore_of_2_agrees_with_its_model(r: redis.Redis) -> None:
-    run_state_machine_as_test(machine(r, 2), settings=SETTINGS)
+def test_a_lock_agrees_with_its_model(r: redis.Redis, driver: SyncDriver) -> None:
+    run_state_machine_as_test(machine(r, driver, 1), settings=SETTINGS)
+
+
+def test_a_semaphore_of_2_agrees_with_its_model(r: redis.Redis, driver: SyncDriver) -> None:
+    run_state_machine_as_test(machine(r, driver, 2), settings=SETTINGS)
