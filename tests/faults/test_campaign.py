@@ -3,7 +3,8 @@
 Four forked processes loop for a few seconds over two mutexes and one
 semaphore (limit 2) on a private redis-server, reached through a loopback
 TCP proxy, recording every critical section as it ends
-(tests/faults/history.py).  Meanwhile the test pauses processes with
+(tests/faults/history.py): two with the sync primitives, two with the
+asyncio ones, on the same names.  Meanwhile the test pauses processes with
 SIGSTOP for longer than the lease, SIGKILLs one while it may hold a lease
 (and starts another in its place), stalls every connection past the lease,
 resets every connection, and once SIGKILLs the server and starts it again:
@@ -15,6 +16,7 @@ name, every overlap detected.  (Failovers: tests/faults/test_failover.py.)
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -24,9 +26,10 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from tests.faults.history import Section, check, load
-from tests.faults.workload import PROCESSES, TTL, loop
+from tests.faults.workload import PROCESSES, TTL, async_loop, loop
 from tests.helpers import TcpProxy, fork_context, forking, report, running
 from tests.redis_server import RedisServer
 
@@ -36,8 +39,12 @@ RUN = 10.0  # seconds each process works for
 
 
 def work(port: int, out: Path, seed: int, until: float) -> None:
-    client = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=1.0)
-    loop(client, out, seed, until)
+    """A process of the campaign: odd seeds use the asyncio primitives."""
+    options: dict[str, Any] = {"port": port, "socket_connect_timeout": 0.5, "socket_timeout": 1.0}
+    if seed % 2:
+        asyncio.run(async_loop(redis.asyncio.Redis(**options), out, seed, until))
+    else:
+        loop(redis.Redis(**options), out, seed, until)
 
 
 @pytest.mark.parametrize("persistence", ["none", "aof"])
@@ -50,7 +57,7 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
     proxy = TcpProxy("127.0.0.1", port)  # the workers reach Redis through it
     until = time.monotonic() + RUN
     ctx = fork_context()
-    files = [tmp_path / f"history-{i}.jsonl" for i in range(PROCESSES)]
+    files = [tmp_path / f"history-{i}.jsonl" for i in range(PROCESSES)]  # (odd i: asyncio)
     procs = [
         ctx.Process(target=work, args=(proxy.port, files[i], i, until)) for i in range(PROCESSES)
     ]
@@ -73,7 +80,7 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
                     victim.join(5)
                     files.append(tmp_path / f"history-{len(files)}.jsonl")
                     spare = ctx.Process(
-                        target=work, args=(proxy.port, files[-1], len(files), until)
+                        target=work, args=(proxy.port, files[-1], len(files) - 1, until)
                     )
                     with forking():
                         spare.start()
@@ -110,14 +117,17 @@ def test_no_undetected_double_grant_under_pauses_stalls_resets_and_a_restart(
         server.stop()
     sections = load(files)
     verdict = check(sections)
+    by_asyncio = len(load(f for i, f in enumerate(files) if i % 2))
     report(
         f"fault campaign, persistence={persistence}",
         **faults,
         **verdict.figures(),
+        asyncio_sections=by_asyncio,
     )
     for fault, totals in sorted(verdict.by_fault(began).items()):
         report(f"  after a {fault}", **totals)
     assert verdict.sections > 50, verdict.summary()
+    assert by_asyncio > 10 and verdict.sections - by_asyncio > 10, by_asyncio
     assert faults["restarts"] == 1 and sum(faults.values()) >= 6
     assert faults["pauses"] and faults["kills"] and faults["stalls"] and faults["resets"]
     assert verdict.ok, (verdict.summary(), verdict.undetected_overlaps[:3], verdict.fences_back[:3])

@@ -3,11 +3,13 @@
 Two mutexes and one semaphore (limit 2) with a short lease; each process
 picks one at random, holds it a moment and releases it, recording the
 critical section (tests/faults/history.py) as it ends, so that a process
-SIGKILLed loses only the one in progress.
+SIGKILLed loses only the one in progress.  :func:`loop` does it with the sync
+primitives, :func:`async_loop` with the asyncio ones, on the same names.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -15,10 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+import celery_redislock.asyncio as aio
 from celery_redislock import BackendUnavailable, Lock, LockLost, Semaphore
 from tests.faults.history import Section, save
 
-__all__ = ["LIMIT", "MUTEXES", "PROCESSES", "SEMAPHORE", "TTL", "loop"]
+__all__ = ["LIMIT", "MUTEXES", "PROCESSES", "SEMAPHORE", "TTL", "async_loop", "loop"]
 
 TTL = 0.5
 PROCESSES = 4
@@ -69,4 +72,32 @@ def loop(
             outcome = "lost"
         except BackendUnavailable:
             outcome = "lost"  # told: it could not confirm the release
+        save(out, [Section(name, limit, fence, start, end, outcome, os.getpid(), granted)])
+
+
+async def async_loop(client: Any, out: Path, seed: int, until: float) -> None:
+    """:func:`loop` with the asyncio primitives on ``client`` (a ``redis.asyncio`` one)."""
+    rng = random.Random(seed)
+    while time.monotonic() < until:
+        name = rng.choice((*MUTEXES, SEMAPHORE))
+        limit = LIMIT if name == SEMAPHORE else 1
+        prim: Any = (
+            aio.Semaphore(client, name, LIMIT, ttl=TTL)
+            if limit > 1
+            else aio.Lock(client, name, ttl=TTL)
+        )
+        try:
+            if not await prim.acquire(timeout=1.0):
+                continue
+        except BackendUnavailable:
+            await asyncio.sleep(0.05)
+            continue
+        start, granted, fence = time.monotonic(), prim.granted_at, prim.fence
+        await asyncio.sleep(rng.uniform(0.005, 0.04))
+        end = time.monotonic()
+        outcome = "lost" if prim.lost else "released"
+        try:
+            await prim.release()
+        except (LockLost, BackendUnavailable):
+            outcome = "lost"
         save(out, [Section(name, limit, fence, start, end, outcome, os.getpid(), granted)])
