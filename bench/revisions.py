@@ -13,10 +13,12 @@ can be compared::
     git worktree add /tmp/before <revision>
     python bench/revisions.py /tmp/before [--handoffs N] [--batches N]
         [--hold-ms MIN MAX] [--no-hiredis]
+    python bench/revisions.py /tmp/before --task-overhead [--tasks N] [--rounds N]
 
 Prints both medians and p99s and the ratio of this checkout's median to the
-other's, batch by batch (the median of those ratios, and their range).  A
-benchmark, not a test: it never asserts.
+other's, batch by batch (the median of those ratios, and their range).
+``--task-overhead`` compares LockedTask's per-task cost instead, round by
+round (``bench/task_revisions.py``).  A benchmark, not a test: it never asserts.
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument(
         "--no-hiredis", action="store_true", help="measure with redis-py's Python parser"
     )
+    parser.add_argument(
+        "--task-overhead",
+        action="store_true",
+        help="compare LockedTask's per-task cost instead (bench/task_revisions.py)",
+    )
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks per variant per round")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds")
     args = parser.parse_args(argv)
     low, high = args.hold_ms
     if args.batches < 1 or args.handoffs < args.batches or not 1 <= low <= high:
@@ -70,6 +79,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     other = source_dir(args.other)
     if other == HERE:
         parser.error(f"{args.other} is this checkout")
+    if args.task_overhead:
+        from task_revisions import compare
+
+        server = private_server()
+        try:
+            url = server.url.rsplit("/", 1)[0]
+            labels = ["this checkout", f"other ({other})"]
+            compare([HERE, other], labels, url, args.tasks, args.rounds)
+        finally:
+            server.stop()
+        return
     if args.no_hiredis:
         sys.modules["hiredis"] = None  # type: ignore[assignment]  # before redis is imported
 
