@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["complete"]
+__all__ = ["cancel_requested", "complete"]
 
 T = TypeVar("T")
 
@@ -50,3 +50,12 @@ def _finished(task: asyncio.Future[Any]) -> None:
     _finishing.discard(task)
     if not task.cancelled():
         task.exception()  # (retrieved: asyncio would report it as never retrieved)
+
+
+def cancel_requested() -> int:
+    """How many cancellations of the running task are pending: ones not yet
+    answered, or lost on their way (always 0 before Python 3.11, which does not
+    count them)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return int(cancelling()) if cancelling is not None else 0

@@ -21,6 +21,7 @@ cancelled ``release`` still releases (:mod:`.cancellation`).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -44,7 +45,7 @@ from ..primitives.tokens import new_token
 from ..transport import UNREACHABLE, refused_as_too_old
 from . import calls, renewal
 from .calls import too_old, unreachable
-from .cancellation import complete
+from .cancellation import cancel_requested, complete
 from .waits import wait_for_grant
 
 __all__ = ["Primitive"]
@@ -201,10 +202,17 @@ class Primitive:
         if self._token is not None:
             raise LockError(f"{self.noun} {self.name!r} is already held by this object", self.key)
         token = new_token(self.owner)
+        pending = cancel_requested()
         try:
             if not blocking:
-                return isinstance(await self._attempt(token, 0), Granted)
-            return await wait_for_grant(self, token, timeout)
+                got = isinstance(await self._attempt(token, 0), Granted)
+            else:
+                got = await wait_for_grant(self, token, timeout)
+            if cancel_requested() > pending:
+                # Cancelled meanwhile, and the cancellation lost on its way
+                # (see cancellation.py): it is answered all the same.
+                raise asyncio.CancelledError()
+            return got
         except BackendUnavailable:
             raise  # (Redis unreachable: a place in line lapses by itself)
         except BaseException:

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from ..primitives._keeper import notify_lost
 from ..transport import DeadlineExceeded
 from . import calls
+from .cancellation import cancel_requested
 
 __all__ = ["ERROR_RETRY", "Renewer", "notify_lost", "renewer_for", "renewers"]
 
@@ -90,7 +91,9 @@ class Renewer:
 
     async def _run(self) -> None:
         try:
-            while True:
+            # (Cancelled: the event loop is closing; a cancellation lost on its
+            # way would keep the loop waiting for this task.)
+            while not cancel_requested():
                 now = time.monotonic()
                 for token in [t for t, e in self.entries.items() if e.ref() is None]:
                     del self.entries[token]  # dropped without release: let it run out
