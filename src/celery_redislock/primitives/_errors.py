@@ -12,27 +12,10 @@ from typing import Any, Optional
 from redis.exceptions import ResponseError
 
 from .. import transport
-from ..exceptions import BackendUnavailable, BackendUnsupported
 from . import scripts
+from .failures import too_old, unreachable
 
 __all__ = ["guard", "run", "too_old", "unreachable"]
-
-
-def unreachable(op: str, key: str, exc: BaseException) -> BackendUnavailable:
-    """Redis could not be reached during ``op`` on ``key``."""
-    error = BackendUnavailable(f"Redis unreachable during {op} of {key!r}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-def too_old(op: str, key: str, exc: BaseException) -> BackendUnsupported:
-    """Redis refused a script as a server before 6.2 does."""
-    error = BackendUnsupported(
-        f"Redis refused the {op} script of {key!r} as a syntax error, as a server before "
-        f"Redis 6.2 refuses its SET ... GET: celery_redislock needs Redis 6.2 or later ({exc})"
-    )
-    error.__cause__ = exc
-    return error
 
 
 def run(

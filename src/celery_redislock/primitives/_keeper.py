@@ -22,45 +22,27 @@ The keeper holds its leases weakly: a primitive dropped without
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any, Optional
 
 from .. import transport
+from .losses import add_lost_listener, logger, notify_lost, remove_lost_listener
 
-__all__ = ["Keeper", "add_lost_listener", "keeper", "notify_lost", "remove_lost_listener"]
-
-logger = logging.getLogger("celery_redislock.renewal")
+__all__ = [
+    "Keeper",
+    "add_lost_listener",
+    "keeper",
+    "logger",
+    "notify_lost",
+    "remove_lost_listener",
+]
 
 #: How soon a client is tried again after a failed renewal, in seconds.
 ERROR_RETRY = 1.0
-
-_listeners: list[Callable[[Any, str], None]] = []
-
-
-def add_lost_listener(fn: Callable[[Any, str], None]) -> None:
-    """Call ``fn(lease, reason)`` whenever a held lease is found lost (idempotent)."""
-    if fn not in _listeners:
-        _listeners.append(fn)
-
-
-def remove_lost_listener(fn: Callable[[Any, str], None]) -> None:
-    if fn in _listeners:
-        _listeners.remove(fn)
-
-
-def notify_lost(lease: Any, reason: str) -> None:
-    logger.warning("lock %s lost: %s", lease.key, reason)
-    for fn in list(_listeners):
-        try:
-            fn(lease, reason)
-        except Exception:  # a listener must not stop the keeper
-            logger.exception("lock_lost listener %r failed", fn)
 
 
 class _Entry:

@@ -213,8 +213,7 @@ class Primitive(Parking):
             self._granted(token, result.fence, sent)
             return HELD
         if type(result) is Queued:
-            self.holder, self.holder_ttl_ms = result.holder, result.holder_ttl_ms
-            self._sent, self._server_ms = sent, result.server_ms
+            self._queued(result, sent)
             return QUEUED
         if type(result) is Superseded:
             self.superseded_by = result.by
