@@ -7,7 +7,9 @@ redis-server: the broker, the results and the recordings live on the
 session's server) and restarts it on the same port with the same data
 directory; then counts the runs that ran (recorded by their bodies), the ones
 the worker reported as possibly lost (its ERROR line) and the rest: lost
-silently.  Three stores:
+silently.  Three stores, side by side (each with its own worker, consuming a
+queue of its own), their runs parked one store after another, then the three
+restarted:
 
 - no persistence: the store comes back empty; the park sweeper of the process
   that parked them sees the store's epoch gone and re-publishes the runs whose
@@ -33,7 +35,7 @@ import redis
 from celery_redislock import Lock, config
 from celery_redislock.primitives import keys
 from tests.helpers import TcpProxy, report, wait_until
-from tests.integration.task_helpers import limits_app, runs, uniq
+from tests.integration.task_helpers import limits_app, runs, stop_all, uniq
 from tests.redis_server import RedisServer
 from tests.workers import Worker
 
@@ -52,7 +54,10 @@ class Store:
     """The lock store: one redis-server on a fixed port, restarted in place."""
 
     def __init__(self, extra: list[str], replica: bool = False, proxied: bool = False) -> None:
-        self.server = RedisServer(extra=extra).start()
+        # Redis 7 waits 5 s before a diskless full sync (for more replicas to
+        # join); this store's one replica syncs at once, and again after a restart.
+        sync = ["--repl-diskless-sync-delay", "0"] if replica else []
+        self.server = RedisServer(extra=[*extra, *sync]).start()
         self.client = redis.Redis(port=self.server.port)
         self.replica = None
         #: The replica's link to the master, when ``proxied`` (to stall it).
@@ -84,15 +89,23 @@ class Store:
         self.server.stop()
 
 
-def worker_for(redis_base: str, store: Store, name: str, **conf: Any) -> Worker:
+def start_worker(
+    redis_base: str, store: Store, name: str, queue: str = "celery", **conf: Any
+) -> Worker:
+    """A tests.limits_app worker on ``queue`` whose lock store is ``store`` (not yet ready)."""
     settings = {"redislock_park_sweep_interval": 0.3, "redislock_park_reserve": 2.0, **conf}
     return Worker(
         redis_base,
         concurrency=3,
         app="tests.limits_app",
         name=f"{name}-{uniq()}",
+        extra=["-Q", queue],
         env={"REDISLOCK_TEST_LOCK_URL": store.url, "REDISLOCK_TEST_CONF": json.dumps(settings)},
-    ).wait_ready()
+    )
+
+
+def worker_for(redis_base: str, store: Store, name: str, **conf: Any) -> Worker:
+    return start_worker(redis_base, store, name, **conf).wait_ready()
 
 
 def reported_lost(worker: Worker) -> set[str]:
@@ -105,26 +118,29 @@ def reported_lost(worker: Worker) -> set[str]:
     return found
 
 
-def scenario(app: Any, rec: redis.Redis, store: Store, worker: Worker) -> dict[str, int]:
+def park_behind_holders(app: Any, store: Store, queue: str) -> tuple[str, set[str]]:
     """Park N runs behind a holder (and QUIET runs that store no result behind
-    another), restart the store, count what became of them."""
+    another); returns their tag and task ids once every one is parked."""
     tag = uniq("durable")
     prefix = config.settings_for(app).key_prefix
     sent, queues = [], []
     for name, count in (("l.park", N), ("l.park_quiet", QUIET)):
         task, job = app.tasks[name], uniq("job")
         lock = keys.lock_keys(prefix, task.lock_name_for((job, tag, 0.05), {}))
-        task.apply_async((job, f"{tag}-holder", HOLD))
+        task.apply_async((job, f"{tag}-holder", HOLD), queue=queue)
         wait_until(lambda k=lock.lock: store.client.exists(k), 10, 0.02, "the holder")
-        sent += [task.apply_async((job, tag, 0.05)) for _ in range(count)]
+        sent += [task.apply_async((job, tag, 0.05), queue=queue) for _ in range(count)]
         queues.append((lock.pmsg, count))
     for pmsg, count in queues:
         wait_until(lambda k=pmsg, c=count: store.client.hlen(k) == c, 10, 0.02, "runs to park")
-    time.sleep(1.5)  # past appendfsync everysec's fsync of every parked entry
-    store.restart()
-    ids = {r.id for r in sent}
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    return tag, {r.id for r in sent}
+
+
+def outcome(
+    rec: redis.Redis, worker: Worker, tag: str, ids: set[str], until: float
+) -> dict[str, int]:
+    """After the restart: how many of the parked runs ran, were reported lost, or neither."""
+    while time.monotonic() < until:
         ran = {r["id"] for r in runs(rec, tag)} & ids
         if len(ran | reported_lost(worker) & ids) == len(ids):
             break
@@ -151,29 +167,37 @@ def test_parked_runs_survive_a_lock_store_restart_or_are_reported(
     redis_url: str, rec: redis.Redis, redis_base: str, store_factory: Any
 ) -> None:
     app = limits_app(redis_url)
-    figures = {}
-    # No persistence: the worker warns as it starts; what the store lost is re-published.
-    bare = store_factory([])
-    worker = worker_for(redis_base, bare, "nopersist")
+    stores = {
+        "none": store_factory([]),
+        "aof": store_factory(AOF),
+        "aof+replica": store_factory(AOF, replica=True),
+    }
+    conf = {"aof+replica": {"redislock_wait_replicas": 1}}
+    queues = {name: uniq(f"durable-{name}") for name in stores}
+    workers = {
+        name: start_worker(redis_base, store, name, queues[name], **conf.get(name, {}))
+        for name, store in stores.items()
+    }
     try:
-        wait_until(lambda: "keeps no data on disk" in worker.output(), 10, 0.05)
-        figures["none"] = scenario(app, rec, bare, worker)
-        assert "the lock store lost its data" in worker.output()
+        for worker in workers.values():
+            worker.wait_ready()
+        # No persistence: the worker warns as it starts; what the store lost is re-published.
+        wait_until(lambda: "keeps no data on disk" in workers["none"].output(), 10, 0.05)
+        # The scenarios side by side: park behind holders on every store, then
+        # restart every store, then count what became of each store's runs.
+        parked = {name: park_behind_holders(app, stores[name], queues[name]) for name in stores}
+        time.sleep(1.5)  # past appendfsync everysec's fsync of every parked entry
+        for store in stores.values():
+            store.restart()
+        until = time.monotonic() + 20
+        figures = {
+            name: outcome(rec, workers[name], tag, ids, until)
+            for name, (tag, ids) in parked.items()
+        }
+        assert "the lock store lost its data" in workers["none"].output()
+        assert "keeps no data on disk" not in workers["aof"].output()
     finally:
-        worker.stop()
-    aof = store_factory(AOF)
-    worker = worker_for(redis_base, aof, "aof")
-    try:
-        figures["aof"] = scenario(app, rec, aof, worker)
-        assert "keeps no data on disk" not in worker.output()
-    finally:
-        worker.stop()
-    replicated = store_factory(AOF, replica=True)
-    worker = worker_for(redis_base, replicated, "replica", redislock_wait_replicas=1)
-    try:
-        figures["aof+replica"] = scenario(app, rec, replicated, worker)
-    finally:
-        worker.stop()
+        stop_all(workers.values())
     for name, f in figures.items():
         report(f"parked then store restarted ({name}), of {N + QUIET}", **f)
     assert all(f["silent"] == 0 for f in figures.values()), figures
