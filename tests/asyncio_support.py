@@ -77,5 +77,5 @@ async def wait_for(predicate: Any, timeout: float = 5.0, what: str = "") -> Any:
 
 
 async def no_renewals() -> None:
-    """Every lease released: the renewal tasks of this loop end."""
-    await wait_for(lambda: not renewal.renewers(), 2.0, "the renewal tasks to end")
+    """Every lease released: no renewer of this loop has a lease left to renew."""
+    await wait_for(lambda: not renewal.renewers(), 2.0, "the renewers to be left with no lease")

@@ -1,6 +1,6 @@
-"""Lease renewal for the asyncio primitives: one task per event loop and client.
+"""Lease renewal for the asyncio primitives: one renewer per event loop and client.
 
-Each client's leases held in one event loop are renewed by one task, which
+Each client's leases held in one event loop are renewed by one renewer, which
 sends every renewal of a round together: one pipeline, so one round trip
 per round (per node on a cluster), however many leases are held.  A round
 starts when the first lease is due (its ``renew_interval`` after its last
@@ -12,15 +12,21 @@ primitives: the holder sees ``lost``, its ``on_lost`` is called, and the
 ``lock_lost`` listeners are told (:func:`celery_redislock.primitives._keeper.notify_lost`).
 
 Leases are held weakly: a primitive dropped without ``release()`` stops
-being renewed and its lease runs out.  The task ends when nothing is left
-to renew, and a new one starts with the next grant.
+being renewed and its lease runs out.
+
+No task waits between rounds: a timer of the event loop (``call_later``)
+wakes the renewer when the first lease is due, and a round runs in a task of
+its own.  A grant adds its lease and moves the timer only when that lease is
+due before it, so a short hold costs no task, no timer and no wake-up; a
+timer that finds nothing held lets the renewer go.  A timer left when the
+event loop closes is dropped with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 import time
 import weakref
 from typing import Any, Optional
@@ -28,7 +34,6 @@ from typing import Any, Optional
 from ..primitives._keeper import notify_lost
 from ..transport import DeadlineExceeded
 from . import calls
-from .cancellation import cancel_requested
 
 __all__ = ["ERROR_RETRY", "Renewer", "notify_lost", "renewer_for", "renewers"]
 
@@ -61,65 +66,81 @@ class Renewer:
         self.client = client
         self.loop = loop
         self.entries: dict[str, _Entry] = {}
-        self._task: Optional[asyncio.Task[None]] = None
-        self._wake = asyncio.Event()
+        #: The timer that wakes the renewer next, and when (time.monotonic()).
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._timer_at = math.inf
+        #: The round in flight, if any.
+        self._round: Optional[asyncio.Task[None]] = None
         #: Renewal rounds sent (one round trip per server each), for tests and stats.
         self.round_trips = 0
 
     @property
     def running(self) -> bool:
-        return self._task is not None
+        """Whether it has leases to renew, or a round in flight."""
+        return bool(self.entries) or self._round is not None
 
     def add(self, lease: Any, token: str) -> None:
         """Keep ``lease`` (held under ``token``) renewed until :meth:`discard`."""
-        self.entries[token] = _Entry(lease, token)
-        if self._task is None:
-            _registry(self.loop)[id(self.client)] = self
-            self._task = self.loop.create_task(self._run(), name="redislock-renew")
-        else:
-            self._wake.set()
+        entry = self.entries[token] = _Entry(lease, token)
+        _registry(self.loop)[id(self.client)] = self
+        if self._round is None:  # (else the round's end sets the timer)
+            self._wake_at(entry.next_due)  # (due before its lease would be lost)
 
     def discard(self, token: str) -> None:
+        # (No wake-up: the timer finds the renewer idle, then lets it go.)
         self.entries.pop(token, None)
-        if not self.entries:
-            self._wake.set()  # nothing left: the task ends now rather than at its next round
 
     def held(self) -> list[Any]:
         """The leases being renewed (those still referenced elsewhere)."""
         leases = [entry.ref() for entry in self.entries.values()]
         return [lease for lease in leases if lease is not None]
 
-    async def _run(self) -> None:
+    def _wake_at(self, at: float) -> None:
+        """Have the timer fire by ``at`` (time.monotonic())."""
+        if at >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self.loop.call_later(max(0.0, at - time.monotonic()), self._tick)
+
+    def _tick(self) -> None:
+        """The timer fired: drop what is gone, mark what ran out, start a
+        round when one is due, else set the timer for the next."""
+        self._timer, self._timer_at = None, math.inf
         try:
-            # (Cancelled: the event loop is closing; a cancellation lost on its
-            # way would keep the loop waiting for this task.)
-            while not cancel_requested():
-                now = time.monotonic()
-                for token in [t for t, e in self.entries.items() if e.ref() is None]:
-                    del self.entries[token]  # dropped without release: let it run out
-                for entry in [e for e in self.entries.values() if now - e.last_ok >= e.ttl]:
-                    self._lost(
-                        entry,
-                        f"no renewal succeeded within the lease ({entry.ttl:g} s): the event "
-                        "loop stalled, or Redis was unreachable",
-                    )
-                if not self.entries:
-                    return
-                due = min(e.next_due for e in self.entries.values())
-                if due <= now:
-                    await self._renew(list(self.entries.values()))
-                    continue
-                until = min(due, *(e.last_ok + e.ttl for e in self.entries.values()))
-                self._wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), until - now)
-        except Exception:  # a bug must not pass unseen; the next grant starts a new task
+            now = time.monotonic()
+            for token in [t for t, e in self.entries.items() if e.ref() is None]:
+                del self.entries[token]  # dropped without release: let it run out
+            for entry in [e for e in self.entries.values() if now - e.last_ok >= e.ttl]:
+                self._lost(
+                    entry,
+                    f"no renewal succeeded within the lease ({entry.ttl:g} s): the event "
+                    "loop stalled, or Redis was unreachable",
+                )
+            if not self.entries:
+                registry = _registry(self.loop)
+                if registry.get(id(self.client)) is self:
+                    del registry[id(self.client)]
+                return
+            due = min(e.next_due for e in self.entries.values())
+            if due <= now:
+                self._round = self.loop.create_task(self._run(), name="redislock-renew")
+            else:
+                self._wake_at(min(due, *(e.last_ok + e.ttl for e in self.entries.values())))
+        except Exception:  # a bug must not pass unseen; the next grant sets the timer again
+            logger.exception("lease renewal failed unexpectedly")
+
+    async def _run(self) -> None:
+        """One round, then the timer for the next (not when cancelled: the
+        event loop is closing)."""
+        try:
+            await self._renew(list(self.entries.values()))
+        except Exception:  # as in _tick
             logger.exception("lease renewal failed unexpectedly")
         finally:
-            self._task = None
-            registry = _registry(self.loop)
-            if registry.get(id(self.client)) is self:
-                del registry[id(self.client)]
+            self._round = None
+        self._tick()
 
     async def _renew(self, entries: list[_Entry]) -> None:
         started = time.monotonic()
@@ -182,10 +203,10 @@ def renewer_for(client: Any) -> Renewer:
     loop = asyncio.get_running_loop()
     renewer = _registry(loop).get(id(client))
     if renewer is None or renewer.client is not client:
-        renewer = Renewer(client, loop)  # (registered when it starts)
+        renewer = Renewer(client, loop)  # (registered when it is given a lease)
     return renewer
 
 
 def renewers() -> list[Renewer]:
-    """The running renewers of the running event loop."""
-    return list(_registry(asyncio.get_running_loop()).values())
+    """The renewers of the running event loop with leases to renew (or a round in flight)."""
+    return [r for r in _registry(asyncio.get_running_loop()).values() if r.running]
