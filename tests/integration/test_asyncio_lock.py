@@ -336,17 +336,22 @@ def test_a_grant_racing_the_cancellation_is_released(r: redis.Redis, redis_url: 
     assert token is None
 
 
-def test_a_cancelled_release_still_releases(r: redis.Redis) -> None:
+def test_a_cancelled_release_still_releases(r: redis.Redis, redis_url: str) -> None:
     """Cancelled while its reply is on the way (held by a stalled proxy), the
-    release finishes: the lock is free and the object knows it."""
+    release finishes: the lock goes to the waiter, and the object knows it
+    released (it did not lose the lease)."""
     kwargs = r.connection_pool.connection_kwargs
 
-    async def body() -> tuple[bool, Any, bool, float]:
+    async def body() -> tuple[bool, Any, bool, bool, float]:
         with TcpProxy(kwargs["host"], kwargs["port"]) as proxy:
             client = redis.asyncio.Redis.from_url(proxy.url)
+            direct = redis.asyncio.Redis.from_url(redis_url)
             try:
                 lock = Lock(client, "released anyway", ttl=10)
                 assert await lock.acquire()
+                waiter = Lock(direct, "released anyway", ttl=10)
+                waiting = asyncio.create_task(waiter.acquire(timeout=5))
+                await queued(direct, lock, 1)
                 proxy.stall()
                 task = asyncio.create_task(lock.release())
                 await asyncio.sleep(0.05)  # sent, held by the proxy
@@ -356,20 +361,84 @@ def test_a_cancelled_release_still_releases(r: redis.Redis) -> None:
                 with pytest.raises(asyncio.CancelledError):
                     await task
                 waited = time.monotonic() - started
+                handed = await waiting
+                await waiter.release()
                 locked = bool(r.exists(lock.key))
                 # Taken again at once by another: nothing was left behind.
                 other = Lock(client, "released anyway", ttl=10)
                 free = await other.acquire(blocking=False)
                 await other.release()
                 await no_renewals()
-                return locked, lock.token, free, waited
+                return handed and not locked, lock.token, lock.lost, free, waited
             finally:
                 proxy.resume()
                 await close(client)
+                await close(direct)
 
-    locked, token, free, waited = asyncio.run(body())
-    assert (locked, token, free) == (False, None, True)
+    handed, token, lost, free, waited = asyncio.run(body())
+    assert (handed, token, lost, free) == (True, None, False, True)
     assert waited >= 0.05  # the cancellation waited for the release to finish
+
+
+class ReplyHeldConnection(redis.asyncio.Connection):
+    """Holds back the reply of a command sent while ``hold`` is set: it has
+    run in Redis, its reply is not read yet; a cancellation then drops the
+    connection, as redis-py does with one cut short while reading."""
+
+    hold = False
+    held = False
+
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        self.held = ReplyHeldConnection.hold
+        await super().send_packed_command(*args, **kwargs)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        if self.held:
+            self.held = False
+            try:
+                await asyncio.sleep(10)
+            except BaseException:
+                await self.disconnect(nowait=True)
+                raise
+        return await super().read_response(*args, **kwargs)
+
+
+def test_a_release_cancelled_after_it_ran_is_not_taken_for_a_lost_lease(
+    r: redis.Redis, redis_url: str
+) -> None:
+    """The release ran (and handed over), its reply was cut short: the call
+    sent again finds nothing to release, which is no loss while the lease was
+    alive."""
+
+    async def body() -> tuple[bool, bool, Any]:
+        pool = redis.asyncio.ConnectionPool.from_url(
+            redis_url, connection_class=ReplyHeldConnection
+        )
+        client = redis.asyncio.Redis(connection_pool=pool)
+        try:
+            lock = Lock(client, "ran, reply lost", ttl=10)
+            assert await lock.acquire()
+            await calls.load(client, "lock_release", lock.key)  # (no NOSCRIPT round)
+            waiter = Lock(client, "ran, reply lost", ttl=10)
+            waiting = asyncio.create_task(waiter.acquire(timeout=5))
+            await queued(client, lock, 1)
+            ReplyHeldConnection.hold = True
+            task = asyncio.create_task(lock.release())
+            fence = lock.fence
+            await wait_for(lambda: int(r.get(lock.keys.fence)) > fence, what="the hand-over")
+            ReplyHeldConnection.hold = False
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            handed = await waiting
+            await waiter.release()
+            await no_renewals()
+            return handed, lock.lost, lock.token
+        finally:
+            ReplyHeldConnection.hold = False
+            await close(client)
+
+    assert asyncio.run(body()) == (True, False, None)
 
 
 def test_a_release_cancelled_before_it_ran_can_be_sent_again(

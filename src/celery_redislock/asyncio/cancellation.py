@@ -3,10 +3,13 @@
 A release that is cancelled after it was sent may or may not have run; one
 cancelled before it was sent has not.  Either way the caller would be left
 not knowing whether it still holds the lock, and nobody would release it.
-So a release (and the clean-up of an acquire that will not return True) runs
-in a task of its own, shielded: a cancellation of the caller waits for that
+So the clean-up of an acquire that will not return True runs in a task of its
+own, shielded (:func:`complete`): a cancellation of the caller waits for that
 task to finish, then goes on; a second cancellation stops the waiting (the
-task still finishes, in the background).
+task still finishes, in the background).  A release is awaited directly, a
+task costing more than its own Python work; when a cancellation cuts it short
+it is sent again in such a task (:func:`finish_after_cancel`), which is safe
+because the release script releases a token's hold once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["cancel_requested", "complete"]
+__all__ = ["cancel_requested", "complete", "finish_after_cancel"]
 
 T = TypeVar("T")
 
@@ -44,6 +47,24 @@ async def complete(work: Coroutine[Any, Any, T]) -> T:
                 pass
         _finished(task)
         raise cancelled
+
+
+async def finish_after_cancel(work: Coroutine[Any, Any, Any]) -> None:
+    """Run ``work`` to its end in a task of its own, for a caller that was
+    just cancelled: the caller waits for it (then raises its cancellation), or
+    stops waiting on a second cancellation (``work`` still finishes).  Its
+    outcome is not the caller's: the caller was cancelled."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            _finishing.add(task)
+            task.add_done_callback(_finished)
+            raise
+    except Exception:
+        pass
+    _finished(task)
 
 
 def _finished(task: asyncio.Future[Any]) -> None:

@@ -45,7 +45,7 @@ from ..primitives.tokens import new_token
 from ..transport import UNREACHABLE, refused_as_too_old
 from . import calls, renewal
 from .calls import too_old, unreachable
-from .cancellation import cancel_requested, complete
+from .cancellation import cancel_requested, complete, finish_after_cancel
 from .waits import wait_for_grant
 
 __all__ = ["Primitive"]
@@ -293,9 +293,17 @@ class Primitive:
         token = self._token
         if token is None:
             raise LockNotOwned(f"cannot release {self.noun} {self.name!r}: not acquired", self.key)
-        await complete(self._release(token))
+        try:
+            await self._release(token)
+        except asyncio.CancelledError:
+            if self._token == token:
+                # Cut short before its reply was read: the call went out (and
+                # may have run) or not.  Sent again, to the end.
+                await finish_after_cancel(self._release(token, resent=True))
+            raise
 
-    async def _release(self, token: str) -> None:
+    async def _release(self, token: str, resent: bool = False) -> None:
+        """The release call; ``resent``: a first one was cut short (it may have run)."""
         fence = self.fence
         if self._renewer is not None:
             self._renewer.discard(token)  # (first: no renewal goes out after the release)
@@ -312,8 +320,11 @@ class Primitive:
             # have sent the call twice (the first ran, its reply was lost):
             # while the lease should still be alive and nobody was granted
             # the name after us (the fence is still ours), nobody overlapped.
+            # Sent again after a cut-short first call, with the lease alive
+            # (by the local bound, which Redis's outlasts): only that first
+            # call can have released it, handing over maybe (a new fence).
             alive = not self.lost and time.monotonic() < self._lease_until
-            if alive and await self._no_grant_since(fence):
+            if alive and (resent or await self._no_grant_since(fence)):
                 return
             self.lost = True
             raise LockLost(
@@ -321,7 +332,9 @@ class Primitive:
                 "another owner may have held it since",
                 self.key,
             )
-        await self._hand_over(released.handoffs)
+        if released.handoffs:
+            # (Released: the hand-over must not be cut short either.)
+            await complete(self._hand_over(released.handoffs))
 
     async def _no_grant_since(self, fence: Optional[int]) -> bool:
         try:
