@@ -288,6 +288,18 @@ def retoken(kind: Kind, keys: Keys, old: str, new: str) -> Call:
     return Call("retoken", script_keys(keys), [old, new, "m" if kind.multi else ""])
 
 
+def count_holders(keys: MultiKeys) -> Call:
+    """How many holders of a semaphore or read-write lock have a live lease;
+    the reply is that number."""
+    return Call("multi_count", [keys.holders], [])
+
+
+def owned(keys: MultiKeys, token: str) -> Call:
+    """Whether ``token`` holds a live permit or side (its entry's score is
+    when its lease ends); the reply is 1 or 0."""
+    return Call("multi_owned", [keys.holders], [token])
+
+
 # -- replies -----------------------------------------------------------------------
 
 

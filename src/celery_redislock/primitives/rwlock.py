@@ -9,13 +9,13 @@ that lease.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, ClassVar, Union, cast
 
 from . import keys
 from .kinds import Kind, Mode
 from .semaphore import Semaphore, count_holders
 
-__all__ = ["ReadWriteLock", "Side"]
+__all__ = ["ReadWriteHolds", "ReadWriteLock", "Side"]
 
 
 class Side(Semaphore):
@@ -36,14 +36,11 @@ class Side(Semaphore):
         self.limit = 0  # (the scripts read no limit for a read or write hold)
 
 
-class ReadWriteLock:
-    """A read-write lock in Redis: ``with rw.read():`` / ``with rw.write():``.
+class ReadWriteHolds:
+    """A read-write lock's name and options, and a hold object per side: what
+    the sync and the asyncio ReadWriteLock share (``side`` is their Side class)."""
 
-    Every call of :meth:`read` or :meth:`write` returns a new hold object with
-    the Lock interface (``acquire``, ``release``, ``fence``, context manager);
-    one round trip per acquire and per release.  Accepts the keyword options
-    of :class:`celery_redislock.Lock` (``timeout``, ``prefix``, ...).
-    """
+    side: ClassVar[type[Any]]
 
     def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
         self.client = client
@@ -54,17 +51,39 @@ class ReadWriteLock:
         self.read()
         self.keys = self._probe.keys
 
+    def read(self, **options: Any) -> Any:
+        """A shared hold: any number of readers at once, while no writer holds."""
+        return self.side(self.client, self.name, Mode.READ, self.ttl, **{**self.options, **options})
+
+    def write(self, **options: Any) -> Any:
+        """An exclusive hold: no readers and no other writer."""
+        return self.side(
+            self.client, self.name, Mode.WRITE, self.ttl, **{**self.options, **options}
+        )
+
+
+class ReadWriteLock(ReadWriteHolds):
+    """A read-write lock in Redis: ``with rw.read():`` / ``with rw.write():``.
+
+    Every call of :meth:`read` or :meth:`write` returns a new hold object with
+    the Lock interface (``acquire``, ``release``, ``fence``, context manager);
+    one round trip per acquire and per release.  Accepts the keyword options
+    of :class:`celery_redislock.Lock` (``timeout``, ``prefix``, ...).
+    """
+
+    side = Side
+
     def read(self, **options: Any) -> Side:
         """A shared hold: any number of readers at once, while no writer holds."""
-        return Side(self.client, self.name, Mode.READ, self.ttl, **{**self.options, **options})
+        return cast(Side, super().read(**options))
 
     def write(self, **options: Any) -> Side:
         """An exclusive hold: no readers and no other writer."""
-        return Side(self.client, self.name, Mode.WRITE, self.ttl, **{**self.options, **options})
+        return cast(Side, super().write(**options))
 
     def holders(self) -> int:
         """How many readers (or 1 writer) hold it now (one round trip)."""
-        return count_holders(self.client, self.keys.holders)
+        return count_holders(self.client, self.keys)
 
     def write_locked(self) -> bool:
         """Whether a writer holds it now (one round trip)."""

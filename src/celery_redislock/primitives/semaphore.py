@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validate, transport
-from . import _errors, keys
+from . import _errors, keys, protocol
 from ._primitive import Primitive
 from .keys import MultiKeys
 from .kinds import Kind, Mode
@@ -55,19 +55,17 @@ class Semaphore(Primitive):
 
     def holders(self) -> int:
         """How many holders have a live lease now (one round trip)."""
-        return count_holders(self.client, self.key)
+        return count_holders(self.client, self.keys)
 
     def owned(self) -> bool:
         """Whether this object holds a live permit, as Redis sees it (one round trip)."""
         if self._token is None:
             return False
-        # Its entry's score is when its lease ends: still there but in the
-        # past means the lease ran out (the next acquire would prune it).
-        block = transport.KeyBlock([self.key], transport.encoding_of(self.client))
-        return bool(self._call("owned", "multi_owned", [self._token], block=block))
+        return bool(self._send("owned", protocol.owned(self.keys, self._token)))
 
 
-def count_holders(client: Any, key: str) -> int:
-    """Live holders of the semaphore or read-write lock whose holders key is ``key``."""
-    block = transport.KeyBlock([key], transport.encoding_of(client))
-    return int(_errors.run(client, "count", key, "multi_count", block, []))
+def count_holders(client: Any, k: MultiKeys) -> int:
+    """Live holders of the semaphore or read-write lock whose keys are ``k``."""
+    call = protocol.count_holders(k)
+    block = transport.KeyBlock(call.keys, transport.encoding_of(client))
+    return int(_errors.run(client, "count", k.holders, call.script, block, call.args))
