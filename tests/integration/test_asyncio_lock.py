@@ -27,7 +27,7 @@ from celery_redislock import (
     LockTimeout,
 )
 from celery_redislock import Lock as SyncLock
-from celery_redislock.asyncio import Lock, calls, renewal
+from celery_redislock.asyncio import Lock, calls, renewal, waits
 from celery_redislock.primitives import protocol
 from celery_redislock.primitives.protocol import Kind
 from tests.asyncio_support import close, counting_client, no_renewals, wait_for
@@ -192,6 +192,40 @@ def test_sync_and_asyncio_holders_hand_over_both_ways(r: redis.Redis, redis_url:
         sync_client.close()
     assert all(fence is not None for fence in fences)
     assert_rising(fences)
+
+
+def test_a_wait_connection_is_kept_for_the_next_wait(r: redis.Redis, redis_url: str) -> None:
+    """Two blocking acquires in turn wait on one connection: kept idle in
+    between, and closed as the event loop ends."""
+
+    async def body() -> tuple[list[int], int]:
+        async with counting_client(redis_url) as (client, _):
+            holder = Lock(client, "kept", ttl=10)
+            assert await holder.acquire()
+            seen = []
+            for _ in range(2):
+                waiter = Lock(client, "kept", ttl=10)
+                task = asyncio.create_task(waiter.acquire(timeout=5))
+                await queued(client, holder, 1)
+                await holder.release()
+                assert await task
+                [conns] = waits._idle[asyncio.get_running_loop()].conns.values()
+                seen += [id(conn) for conn, _, _ in conns]
+                holder = waiter
+            await holder.release()
+            await no_renewals()
+            return seen, waits.idle_connections()
+
+    seen, idle = asyncio.run(body())
+    assert len(seen) == 2 and seen[0] == seen[1]
+    assert idle == 1
+    # asyncio.run cancelled the task that keeps it: closed (no ResourceWarning).
+    for _ in range(100):
+        waiting = [c for c in r.client_list() if c.get("cmd") == "blpop"]
+        if not waiting:
+            break
+        time.sleep(0.01)
+    assert waiting == [], waiting
 
 
 # -- renewal and loss ----------------------------------------------------------

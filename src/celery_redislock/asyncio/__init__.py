@@ -10,7 +10,7 @@ holder hands over to an asyncio waiter and back.  Clients: ``redis.asyncio.Redis
 Modules: ``primitive.py`` (acquire, release, extend), ``lock.py``,
 ``semaphore.py``, ``rwlock.py``; ``calls.py`` (script calls, the one place
 they are sent), ``waits.py`` (a blocking acquire's waits for its hand-over),
-``renewal.py`` (one renewal task per event loop and client),
+``renewal.py`` (one renewer per event loop and client),
 ``cancellation.py`` (work a cancellation must not cut short).  What it may import:
 the standard library, redis-py, :mod:`celery_redislock.primitives`,
 :mod:`celery_redislock.transport`'s public names, and the package's

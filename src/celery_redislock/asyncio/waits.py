@@ -12,8 +12,13 @@ connection while the holders they wait for could not renew or release.  So
 each blocking acquire makes one connection of its own, with the pool's
 connection class and settings (TLS, auth; a Sentinel connection asks the
 sentinels where the master is), without retries, and with a connect timeout
-where the pool has none.  It serves every wait of that acquire and is closed
-when the acquire returns: nothing is left open when the event loop ends.
+where the pool has none.  It serves every wait of that acquire; when the
+acquire returns it is kept, idle, for the next blocking acquire of that
+client in that event loop (checked as a pool checks a connection it hands
+out), so neither connecting nor closing lands between a wake-up and the
+acquire's return.  A task of the event loop closes the connections idle for
+:data:`IDLE` seconds, and all of them when it is cancelled (``asyncio.run``
+cancels it as the event loop ends); it ends when none is left.
 
 The wait is bounded by the caller, not by the socket: BLPOP asks Redis to
 block for the wait's time, and its reply is awaited that long plus a margin,
@@ -26,14 +31,18 @@ slot, and the next wait goes to the node that owns it then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AskError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..exceptions import BackendUnavailable
 from ..primitives import protocol
@@ -45,7 +54,7 @@ from .cancellation import complete
 if TYPE_CHECKING:
     from .primitive import Primitive
 
-__all__ = ["MARGIN", "Waiter", "wait_for_grant"]
+__all__ = ["IDLE", "MARGIN", "Waiter", "idle_connections", "wait_for_grant"]
 
 #: How long past a BLPOP's own timeout its reply is awaited, in seconds.
 MARGIN = 0.25
@@ -55,25 +64,108 @@ _EARLY = 0.02
 _WAIT_FAILURES = 2
 #: A wait that ends this close to the caller's deadline was its last one, s.
 _LAST_WAIT = 0.05
+#: How long a wait connection is kept idle for the next blocking acquire, s.
+IDLE = 5.0
 
 
-def _connection_for(client: Any, key: str) -> tuple[Any, Any]:
-    """A new connection to the server of ``key``, and what identifies that server."""
+def _server_of(client: Any, key: str) -> Any:
+    """What identifies the server of ``key`` (a cluster node's name, or the pool)."""
     if isinstance(client, RedisCluster):
         node: Any = client.get_node_from_key(key)
-        cls, kwargs, where = node.connection_class, node.connection_kwargs, node.name
+        return node.name
+    return client.connection_pool
+
+
+def _connection_for(client: Any, key: str) -> Any:
+    """A new connection to the server of ``key``."""
+    if isinstance(client, RedisCluster):
+        node: Any = client.get_node_from_key(key)
+        cls, kwargs = node.connection_class, node.connection_kwargs
     else:
         pool = client.connection_pool
-        cls, kwargs, where = pool.connection_class, pool.connection_kwargs, pool
+        cls, kwargs = pool.connection_class, pool.connection_kwargs
     kwargs = dict(kwargs)
     kwargs["retry"] = Retry(NoBackoff(), 0)
     kwargs["socket_connect_timeout"] = kwargs.get("socket_connect_timeout") or CONNECT_TIMEOUT
-    return cls(**kwargs), where
+    return cls(**kwargs)
+
+
+class _Idle:
+    """The idle wait connections of one event loop, by client and server."""
+
+    def __init__(self) -> None:
+        #: (id(client), id(server)) -> [(connection, idle since, the client, weakly)]
+        self.conns: dict[tuple[int, int], list[tuple[Any, float, Any]]] = {}
+        self.task: Optional[asyncio.Task[None]] = None
+
+    def take(self, client: Any, where: Any) -> Any:
+        found = self.conns.get((id(client), id(where)))
+        while found:
+            conn, _, ref = found.pop()
+            if ref() is client:
+                return conn
+        return None
+
+    def give_back(self, client: Any, where: Any, conn: Any) -> None:
+        key = (id(client), id(where))
+        self.conns.setdefault(key, []).append((conn, time.monotonic(), weakref.ref(client)))
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(
+                self._close_idle(), name="redislock-idle-waits"
+            )
+
+    def count(self) -> int:
+        return sum(len(conns) for conns in self.conns.values())
+
+    async def _close_idle(self) -> None:
+        try:
+            while self.conns:
+                await asyncio.sleep(IDLE)
+                cutoff = time.monotonic() - IDLE
+                for key, conns in list(self.conns.items()):
+                    fresh = [c for c in conns if c[1] > cutoff]
+                    if fresh:
+                        self.conns[key] = fresh
+                    else:
+                        del self.conns[key]
+                    for conn, since, _ in conns:
+                        if since <= cutoff:
+                            await _disconnect(conn)
+        finally:
+            self.task = None
+            left, self.conns = self.conns, {}
+            for conns in left.values():
+                for conn, _, _ in conns:
+                    await _disconnect(conn)
+
+
+async def _disconnect(conn: Any) -> None:
+    # Without waiting for the close to finish: this runs when an acquire is
+    # cancelled, and as the event loop ends.  (Closing: an error is no news.)
+    with contextlib.suppress(Exception):
+        await conn.disconnect(nowait=True)
+
+
+_idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Idle] = weakref.WeakKeyDictionary()
+
+
+def _idle_of(loop: asyncio.AbstractEventLoop) -> _Idle:
+    found = _idle.get(loop)
+    if found is None:
+        found = _idle[loop] = _Idle()
+    return found
+
+
+def idle_connections() -> int:
+    """How many wait connections the running event loop keeps idle."""
+    found = _idle.get(asyncio.get_running_loop())
+    return 0 if found is None else found.count()
 
 
 class Waiter:
-    """The wake-up waits of one acquire, on one connection of its own;
-    :meth:`close` when the acquire is over."""
+    """The wake-up waits of one acquire, on one connection of its own (an
+    idle one kept from an earlier acquire, or a new one); :meth:`done` when
+    the acquire is over."""
 
     __slots__ = ("_conn", "_where", "client")
 
@@ -120,7 +212,10 @@ class Waiter:
             await self.close()  # the slot moved since the last wait
             conn = None
         if conn is None:
-            conn, where = _connection_for(self.client, key)
+            where = _server_of(self.client, key)
+            conn = await self._idle_one(where)
+            if conn is None:
+                conn = _connection_for(self.client, key)
             self._conn, self._where = conn, where
         if not conn.is_connected:
             timeouts = conn.socket_connect_timeout, conn.socket_timeout
@@ -136,6 +231,32 @@ class Waiter:
             finally:
                 conn.socket_connect_timeout, conn.socket_timeout = timeouts
         return conn
+
+    async def _idle_one(self, where: Any) -> Any:
+        """An idle connection to ``where`` that is still in step, or None."""
+        idle = _idle.get(asyncio.get_running_loop())
+        while idle is not None:
+            conn = idle.take(self.client, where)
+            if conn is None:
+                return None
+            # As a pool checks a connection it hands out: nothing unread (the
+            # server did not close it meanwhile).  (can_read_destructive before
+            # redis-py 8.)
+            unread = getattr(conn, "can_read", None) or conn.can_read_destructive
+            try:
+                if conn.is_connected and not await unread():
+                    return conn
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                pass
+            await _disconnect(conn)
+        return None
+
+    def done(self) -> None:
+        """The acquire is over: its connection is kept idle for the next one."""
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.is_connected:
+            _idle_of(asyncio.get_running_loop()).give_back(self.client, self._where, conn)
+        self._where = None
 
     async def close(self) -> None:
         conn, self._conn, self._where = self._conn, None, None
@@ -205,4 +326,4 @@ async def wait_for_grant(prim: Primitive, token: str, timeout: Optional[float]) 
             result = await attempt()
         return True
     finally:
-        await waiter.close()
+        waiter.done()
