@@ -199,7 +199,7 @@ def test_a_wait_connection_is_kept_for_the_next_wait(r: redis.Redis, redis_url: 
     between, and closed as the event loop ends."""
 
     async def body() -> tuple[list[int], int]:
-        async with counting_client(redis_url) as (client, _):
+        async with counting_client(redis_url, client_name="kept-waits") as (client, _):
             holder = Lock(client, "kept", ttl=10)
             assert await holder.acquire()
             seen = []
@@ -221,7 +221,7 @@ def test_a_wait_connection_is_kept_for_the_next_wait(r: redis.Redis, redis_url: 
     assert idle == 1
     # asyncio.run cancelled the task that keeps it: closed (no ResourceWarning).
     for _ in range(100):
-        waiting = [c for c in r.client_list() if c.get("cmd") == "blpop"]
+        waiting = [c for c in r.client_list() if c.get("name") == "kept-waits"]
         if not waiting:
             break
         time.sleep(0.01)
