@@ -94,6 +94,9 @@ def test_waiters_are_woken_in_order_without_polling(r: redis.Redis, redis_url: s
 
     async def body() -> tuple[list[int], Any, int, float]:
         async with counting_client(redis_url) as (client, trips):
+            warm = Lock(client, "fifo-warm", ttl=10)  # every script loaded before counting
+            assert await warm.acquire()
+            await warm.release()
             holder = Lock(client, "fifo", ttl=10)
             assert await holder.acquire()
             order: list[int] = []
