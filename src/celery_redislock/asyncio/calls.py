@@ -20,7 +20,6 @@ from typing import Any, Optional
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from ..exceptions import BackendUnavailable, BackendUnsupported
 from ..primitives import scripts as sources  # the one import of the scripts
 from ..primitives.protocol import Call
 from ..transport import DeadlineExceeded
@@ -31,8 +30,6 @@ __all__ = [
     "load",
     "run",
     "run_batch",
-    "too_old",
-    "unreachable",
 ]
 
 #: Connect timeout assumed where the client sets none, in seconds.
@@ -91,21 +88,6 @@ async def run(client: Any, call: Call, deadline: Optional[float] = None) -> Any:
         return await asyncio.wait_for(_run(client, call), left)
     except asyncio.TimeoutError as exc:
         raise DeadlineExceeded(f"no reply within {left:.3f} s") from exc
-
-
-def unreachable(op: str, key: str, exc: BaseException) -> BackendUnavailable:
-    error = BackendUnavailable(f"Redis unreachable during {op} of {key!r}: {exc}")
-    error.__cause__ = exc
-    return error
-
-
-def too_old(op: str, key: str, exc: BaseException) -> BackendUnsupported:
-    error = BackendUnsupported(
-        f"Redis refused the {op} script of {key!r} as a syntax error, as a server before "
-        f"Redis 6.2 refuses its SET ... GET: celery_redislock needs Redis 6.2 or later ({exc})"
-    )
-    error.__cause__ = exc
-    return error
 
 
 async def _pipeline(client: Any, calls: Sequence[Call]) -> list[Any]:

@@ -39,6 +39,7 @@ class Lock(Primitive):
     """
 
     kind = Kind.LOCK
+    noun = "lock"
     keys: LockKeys
 
     def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:

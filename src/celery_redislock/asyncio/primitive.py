@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, Optional, Union
 
 from redis.exceptions import ResponseError
@@ -38,116 +38,41 @@ from ..exceptions import (
     LockNotOwned,
     LockTimeout,
 )
-from ..primitives import arguments, protocol
+from ..primitives import protocol
+from ..primitives.failures import too_old, unreachable
 from ..primitives.keys import LockKeys, MultiKeys
-from ..primitives.protocol import Call, Granted, Handoff, Kind, Queued
+from ..primitives.protocol import Call, Granted, Handoff, Queued
+from ..primitives.state import HoldState
 from ..primitives.tokens import new_token
 from ..transport import UNREACHABLE, refused_as_too_old
 from . import calls, renewal
-from .calls import too_old, unreachable
 from .cancellation import cancel_requested, complete, finish_after_cancel
 from .waits import wait_for_grant
 
 __all__ = ["Primitive"]
 
 
-class Primitive:
-    """Base of the asyncio Lock, Semaphore and the sides of ReadWriteLock."""
+class Primitive(HoldState):
+    """Base of the asyncio Lock, Semaphore and the sides of ReadWriteLock: a
+    :class:`~celery_redislock.primitives.state.HoldState` with this driver's calls."""
 
-    kind: Kind
     keys: Union[LockKeys, MultiKeys]  # set by the subclass
 
-    #: Called with the parked runs (token, payload) that a call of this object
-    #: granted, for their parker to re-publish (a coroutine function may be
-    #: given); None: they are logged, and re-published when their
-    #: reservation lapses.
-    on_handoff: Optional[Callable[[list[Handoff]], Any]] = None
-    #: How long a parked entry this object's calls grant may take to claim it.
-    reserve_ms: int = protocol.DEFAULT_RESERVE_MS
-
-    def __init__(
-        self,
-        client: Any,
-        name: str,
-        ttl: float = 30.0,
-        *,
-        prefix: str = "redislock",
-        timeout: Optional[float] = None,
-        renew: bool = True,
-        renew_interval: Optional[float] = None,
-        owner: str = "",
-        on_lost: Optional[Callable[[Any, str], None]] = None,
-        fence_retention: float = arguments.DEFAULT_FENCE_RETENTION,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = arguments.DEFAULT_WAIT_TIMEOUT_MS,
-    ) -> None:
-        replicas = arguments.check(
-            self.noun,
-            name,
-            ttl,
-            timeout=timeout,
-            renew_interval=renew_interval,
-            prefix=prefix,
-            fence_retention=fence_retention,
-            wait_replicas=wait_replicas,
-            wait_timeout_ms=wait_timeout_ms,
-        )
-        if replicas is not None:
+    def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
+        super().__init__(client, name, ttl, **options)
+        if self.replicas is not None:
             raise ConfigurationError(
                 f"wait_replicas of {self.noun} {name!r}: the asyncio primitives do not wait "
-                f"for replicas; leave it 0, or use the sync primitives, got {wait_replicas!r}"
+                f"for replicas; leave it 0, or use the sync primitives, "
+                f"got {options.get('wait_replicas')!r}"
             )
-        self.client = client
-        self.name = name
-        self.ttl = float(ttl)
-        self.timeout = None if timeout is None else float(timeout)
-        self.renew_interval = float(renew_interval) if renew_interval is not None else ttl / 3
-        self.renew = renew
-        self.owner = owner
-        self.on_lost = on_lost
-        self.prefix = prefix
-        self.fence_retention = float(fence_retention)
-        #: The fence key outlives every lease (a retried acquire reads it back).
-        self._keep_ms = protocol.to_ms(max(self.fence_retention, self.ttl))
-        #: Fencing token of the current hold, or None when not held.
-        self.fence: Optional[int] = None
-        #: True once renewal (or release) found that the lease ran out while held.
-        self.lost = False
-        #: A holder's token and remaining lease (ms) seen by the last failed acquire.
-        self.holder: Optional[str] = None
-        self.holder_ttl_ms: Optional[int] = None
-        #: Local monotonic time the current lease began, at the earliest.
-        self.granted_at: Optional[float] = None
-        self._token: Optional[str] = None
-        #: Local send time and server time (ms) of the last queued attempt.
-        self._sent = 0.0
-        self._server_ms = 0
         #: Local time the lease ends by, at the earliest, as far as this object knows.
         self._lease_until = 0.0
         self._renewer: Optional[renewal.Renewer] = None
 
-    # -- what subclasses provide ---------------------------------------------
-
-    @property
-    def noun(self) -> str:
-        """What messages call it ("lock", "semaphore", "read lock"...)."""
-        return self.kind.noun
-
     def _acquire_options(self) -> dict[str, Any]:
-        """Keyword arguments of the acquire call (mode, limit)."""
-        return {}
-
-    # -- plumbing --------------------------------------------------------------
-
-    @property
-    def key(self) -> str:
-        """The key that exists while the primitive is held (the lease lives there)."""
-        return protocol.lead_key(self.keys)
-
-    @property
-    def token(self) -> Optional[str]:
-        """The owner token of the current hold, or None."""
-        return self._token
+        """Keyword arguments of the acquire call (mode and limit, but for a lock)."""
+        return {} if self.mode is None else {"mode": self.mode, "limit": self.limit}
 
     def __repr__(self) -> str:
         state = f"held fence={self.fence}" if self._token else "not held"
@@ -172,18 +97,10 @@ class Primitive:
             raise unreachable(op, self.key, exc) from exc
 
     async def _hand_over(self, handoffs: list[Handoff]) -> None:
-        if not handoffs:
+        handler = self.on_handoff
+        if not handoffs or self._unhandled(handoffs) or handler is None:
             return
-        if self.on_handoff is None:
-            renewal.logger.error(
-                "%s %r granted %d parked task(s) but has no on_handoff to re-publish them; "
-                "they are re-published when their reservation lapses",
-                self.noun,
-                self.name,
-                len(handoffs),
-            )
-            return
-        result = self.on_handoff(handoffs)
+        result = handler(handoffs)
         if inspect.isawaitable(result):
             await result
 
@@ -239,20 +156,15 @@ class Primitive:
         if isinstance(result, Granted):
             self._granted(token, result.fence, sent)
         elif isinstance(result, Queued):
-            self.holder, self.holder_ttl_ms = result.holder, result.holder_ttl_ms
-            self._sent, self._server_ms = sent, result.server_ms
+            self._queued(result, sent)
         await self._hand_over(result.handoffs)
         return result
 
     def _granted(self, token: str, fence: int, start: float) -> None:
         """Held under ``token``; ``start`` is the local time the lease began at
         the earliest (renewal and the lost timer count from there)."""
-        self._token = token
-        self.fence = fence
-        self.granted_at = start
+        self._hold(token, fence, start)
         self._lease_until = start + self.ttl
-        self.lost = False
-        self.holder = self.holder_ttl_ms = None
         if self.renew:
             self._renewer = renewal.renewer_for(self.client)
             self._renewer.add(self, token)
@@ -384,12 +296,3 @@ class Primitive:
 
     def _renewed(self, sent: float) -> None:
         self._lease_until = sent + self.ttl
-
-    def _mark_lost(self, reason: str) -> None:
-        self.lost = True
-        if self.on_lost is not None:
-            try:
-                self.on_lost(self, reason)
-            except Exception:
-                renewal.logger.exception("on_lost callback of %r failed", self)
-        renewal.notify_lost(self, reason)

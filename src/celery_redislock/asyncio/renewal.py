@@ -9,7 +9,7 @@ finds it gone, or when its ttl has passed since the send of its last good
 renewal, whether or not that renewal's reply ever came (a renewal is not
 awaited past the first lease's end).  Lost means what it means for the sync
 primitives: the holder sees ``lost``, its ``on_lost`` is called, and the
-``lock_lost`` listeners are told (:func:`celery_redislock.primitives._keeper.notify_lost`).
+``lock_lost`` listeners are told (:func:`celery_redislock.primitives.losses.notify_lost`).
 
 Leases are held weakly: a primitive dropped without ``release()`` stops
 being renewed and its lease runs out.
@@ -25,19 +25,17 @@ event loop closes is dropped with it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 import weakref
 from typing import Any, Optional
 
-from ..primitives._keeper import notify_lost
+from ..primitives.losses import logger, notify_lost
 from ..transport import DeadlineExceeded
 from . import calls
 
 __all__ = ["ERROR_RETRY", "Renewer", "notify_lost", "renewer_for", "renewers"]
 
-logger = logging.getLogger("celery_redislock.renewal")
 
 #: How soon a client is tried again after a failed renewal, in seconds.
 ERROR_RETRY = 1.0

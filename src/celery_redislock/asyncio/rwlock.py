@@ -2,37 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union, cast
 
 from ..primitives import keys
-from ..primitives.keys import MultiKeys
 from ..primitives.protocol import Kind, Mode
-from .primitive import Primitive
-from .semaphore import count_holders
+from ..primitives.rwlock import ReadWriteHolds
+from .semaphore import Semaphore, count_holders
 
 __all__ = ["ReadWriteLock", "Side"]
 
 
-class Side(Primitive):
+class Side(Semaphore):
     """One hold of a ReadWriteLock (read or write), with the Lock interface."""
 
     kind = Kind.RWLOCK
-    keys: MultiKeys
 
-    def __init__(self, client: Any, name: str, mode: Mode, ttl: float, **options: Any) -> None:
-        self.mode = mode
-        super().__init__(client, name, ttl, **options)
-        self.keys = keys.multi_keys(self.prefix, self.name, self.kind.infix or "")
+    def __init__(
+        self, client: Any, name: str, mode: Union[Mode, str], ttl: float, **options: Any
+    ) -> None:
+        #: Mode.READ or Mode.WRITE (``"r"`` and ``"x"`` are read as those).
+        self.mode = Mode(mode)
+        if self.mode is Mode.PERMIT:
+            raise ValueError("a side of a read-write lock is taken in Mode.READ or Mode.WRITE")
+        self.noun = self.mode.noun
+        super().__init__(client, name, 1, ttl, **options)
+        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
+        self.limit = 0  # (the scripts read no limit for a read or write hold)
 
-    @property
-    def noun(self) -> str:
-        return self.mode.noun
 
-    def _acquire_options(self) -> dict[str, Any]:
-        return {"mode": self.mode, "limit": 0}
-
-
-class ReadWriteLock:
+class ReadWriteLock(ReadWriteHolds):
     """A read-write lock in Redis, for asyncio: ``async with rw.read():`` /
     ``async with rw.write():``; many readers or one writer, writers preferred.
 
@@ -42,22 +40,15 @@ class ReadWriteLock:
     options of :class:`Lock`.
     """
 
-    def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
-        self.client = client
-        self.name = name
-        self.ttl = ttl
-        self.options = options
-        self._probe = self.write()  # validates the options now, not on first use
-        self.read()
-        self.keys = self._probe.keys
+    side = Side
 
     def read(self, **options: Any) -> Side:
         """A shared hold: any number of readers at once, while no writer holds."""
-        return Side(self.client, self.name, Mode.READ, self.ttl, **{**self.options, **options})
+        return cast(Side, super().read(**options))
 
     def write(self, **options: Any) -> Side:
         """An exclusive hold: no readers and no other writer."""
-        return Side(self.client, self.name, Mode.WRITE, self.ttl, **{**self.options, **options})
+        return cast(Side, super().write(**options))
 
     async def holders(self) -> int:
         """How many readers (or 1 writer) hold it now (one round trip)."""

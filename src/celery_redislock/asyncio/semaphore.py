@@ -5,27 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validate
-from ..primitives import keys
+from ..primitives import keys, protocol
 from ..primitives.keys import MultiKeys
-from ..primitives.protocol import Call, Kind, Mode
+from ..primitives.protocol import Kind, Mode
 from .primitive import Primitive
 
-__all__ = ["Semaphore", "count_holders", "holders_call", "owned_call"]
+__all__ = ["Semaphore", "count_holders"]
 
 
-def holders_call(k: MultiKeys) -> Call:
-    """How many holders have a live lease (``multi_count``); the reply is the count."""
-    return Call("multi_count", [k.holders], [])
-
-
-def owned_call(k: MultiKeys, token: str) -> Call:
-    """Whether ``token`` holds a live lease (``multi_owned``); the reply is 1 or 0."""
-    return Call("multi_owned", [k.holders], [token])
-
-
-async def count_holders(prim: Primitive) -> int:
+async def count_holders(prim: Semaphore) -> int:
     """Live holders of the semaphore or read-write lock of ``prim`` (one round trip)."""
-    return int(await prim._call("count", holders_call(prim.keys)))  # type: ignore[arg-type]
+    return int(await prim._call("count", protocol.count_holders(prim.keys)))
 
 
 class Semaphore(Primitive):
@@ -38,7 +28,8 @@ class Semaphore(Primitive):
     """
 
     kind = Kind.SEMAPHORE
-    mode = Mode.PERMIT
+    noun = "semaphore"
+    mode: Mode = Mode.PERMIT
     keys: MultiKeys
 
     def __init__(
@@ -47,10 +38,7 @@ class Semaphore(Primitive):
         super().__init__(client, name, ttl, **options)
         _validate.check_count(limit, f"limit of {self.noun} {name!r}")
         self.limit = limit
-        self.keys = keys.multi_keys(self.prefix, self.name, self.kind.infix or "")
-
-    def _acquire_options(self) -> dict[str, Any]:
-        return {"mode": self.mode, "limit": self.limit}
+        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
 
     async def holders(self) -> int:
         """How many holders have a live lease now (one round trip)."""
@@ -60,4 +48,4 @@ class Semaphore(Primitive):
         """Whether this object holds a live permit, as Redis sees it (one round trip)."""
         if self._token is None:
             return False
-        return bool(int(await self._call("owned", owned_call(self.keys, self._token))))
+        return bool(int(await self._call("owned", protocol.owned(self.keys, self._token))))

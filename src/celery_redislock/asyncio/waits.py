@@ -46,9 +46,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..exceptions import BackendUnavailable
 from ..primitives import protocol
+from ..primitives.failures import unreachable
 from ..primitives.protocol import Granted
 from ..transport import UNREACHABLE, DeadlineExceeded
-from .calls import CONNECT_TIMEOUT, unreachable
+from .calls import CONNECT_TIMEOUT
 from .cancellation import complete
 
 if TYPE_CHECKING:

@@ -93,8 +93,9 @@ class Core(HoldState):
 
     def _hand_over(self, handoffs: list[Handoff]) -> None:
         """Pass the parked runs a call granted to :attr:`on_handoff`."""
-        if handoffs and not self._unhandled(handoffs):
-            self.on_handoff(handoffs)  # type: ignore[misc]
+        handler = self.on_handoff
+        if handoffs and not self._unhandled(handoffs) and handler is not None:
+            handler(handoffs)
 
     def _granted(self, token: str, fence: int, start: float) -> bool:
         """Held under ``token``; ``start`` is the local time the lease began at
