@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..primitives import keys
 from ..primitives.keys import LockKeys
 from ..primitives.protocol import Kind, decode
 from .primitive import Primitive
@@ -41,10 +38,6 @@ class Lock(Primitive):
     kind = Kind.LOCK
     noun = "lock"
     keys: LockKeys
-
-    def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
-        super().__init__(client, name, ttl, **options)
-        self.keys = keys.lock_keys(self.prefix, self.name)
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock now (one round trip)."""

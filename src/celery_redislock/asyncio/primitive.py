@@ -36,7 +36,6 @@ from ..exceptions import (
     LockError,
     LockLost,
     LockNotOwned,
-    LockTimeout,
 )
 from ..primitives import protocol
 from ..primitives.failures import too_old, unreachable
@@ -238,12 +237,7 @@ class Primitive(HoldState):
             alive = not self.lost and time.monotonic() < self._lease_until
             if alive and (resent or await self._no_grant_since(fence)):
                 return
-            self.lost = True
-            raise LockLost(
-                f"{self.noun} {self.name!r} (fence {fence}) had expired before release; "
-                "another owner may have held it since",
-                self.key,
-            )
+            raise self._lost_before_release(fence)
         if released.handoffs:
             # (Released: the hand-over must not be cut short either.)
             await complete(self._hand_over(released.handoffs))
@@ -277,13 +271,7 @@ class Primitive(HoldState):
 
     async def __aenter__(self) -> Any:
         if not await self.acquire(timeout=self.timeout):
-            raise LockTimeout(
-                f"could not acquire {self.noun} {self.name!r} within {self.timeout} s; "
-                f"held by {self.holder!r} for another {self.holder_ttl_ms} ms",
-                self.key,
-                self.holder,
-                self.holder_ttl_ms,
-            )
+            raise self._timed_out()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Union, cast
 
-from ..primitives import keys
 from ..primitives.protocol import Kind, Mode
-from ..primitives.rwlock import ReadWriteHolds
+from ..primitives.rwlock import ReadWriteHolds, side_mode
 from .semaphore import Semaphore, count_holders
 
 __all__ = ["ReadWriteLock", "Side"]
@@ -21,12 +20,9 @@ class Side(Semaphore):
         self, client: Any, name: str, mode: Union[Mode, str], ttl: float, **options: Any
     ) -> None:
         #: Mode.READ or Mode.WRITE (``"r"`` and ``"x"`` are read as those).
-        self.mode = Mode(mode)
-        if self.mode is Mode.PERMIT:
-            raise ValueError("a side of a read-write lock is taken in Mode.READ or Mode.WRITE")
+        self.mode = side_mode(mode)
         self.noun = self.mode.noun
         super().__init__(client, name, 1, ttl, **options)
-        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
         self.limit = 0  # (the scripts read no limit for a read or write hold)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validate
-from ..primitives import keys, protocol
+from ..primitives import protocol
 from ..primitives.keys import MultiKeys
 from ..primitives.protocol import Kind, Mode
 from .primitive import Primitive
@@ -38,7 +38,6 @@ class Semaphore(Primitive):
         super().__init__(client, name, ttl, **options)
         _validate.check_count(limit, f"limit of {self.noun} {name!r}")
         self.limit = limit
-        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
 
     async def holders(self) -> int:
         """How many holders have a live lease now (one round trip)."""

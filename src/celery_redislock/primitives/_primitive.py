@@ -24,7 +24,7 @@ import time
 from typing import Any, Optional
 
 from .. import _validate, transport
-from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotOwned, LockTimeout
+from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotOwned
 from . import _errors, _keeper, _replicas, protocol
 from ._parking import Parking
 from .protocol import FOREVER_MS, Duplicate, Granted, Queued, Superseded, to_ms
@@ -261,13 +261,7 @@ class Primitive(Parking):
 
     def __enter__(self) -> Any:
         if not self.acquire(timeout=self.timeout):
-            raise LockTimeout(
-                f"could not acquire {self.noun} {self.name!r} within {self.timeout} s; "
-                f"held by {self.holder!r} for another {self.holder_ttl_ms} ms",
-                self.key,
-                self.holder,
-                self.holder_ttl_ms,
-            )
+            raise self._timed_out()
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -130,12 +130,7 @@ class Releasing(Core):
                 # found nothing to release; either way nobody was granted it
                 # after us (the fence is still ours), so no one overlapped.
                 return
-            self.lost = True
-            raise LockLost(
-                f"{self.noun} {self.name!r} (fence {fence}) had expired before release; "
-                "another owner may have held it since",
-                self.key,
-            )
+            raise self._lost_before_release(fence)
         self._hand_over(released.handoffs)
 
     def _no_grant_since(self, fence: Optional[int]) -> bool:

@@ -48,10 +48,6 @@ class Lock(Primitive):
     noun = "lock"
     keys: LockKeys
 
-    def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
-        super().__init__(client, name, ttl, **options)
-        self.keys = keys.lock_keys(self.prefix, self.name)
-
     @property
     def key(self) -> str:
         return self.keys.lock

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Union, cast
 
-from . import keys
 from .kinds import Kind, Mode
 from .semaphore import Semaphore, count_holders
 
-__all__ = ["ReadWriteHolds", "ReadWriteLock", "Side"]
+__all__ = ["ReadWriteHolds", "ReadWriteLock", "Side", "side_mode"]
+
+
+def side_mode(mode: Union[Mode, str]) -> Mode:
+    """The mode of a side: Mode.READ or Mode.WRITE (``"r"`` and ``"x"`` are read as those)."""
+    found = Mode(mode)
+    if found is Mode.PERMIT:
+        raise ValueError("a side of a read-write lock is taken in Mode.READ or Mode.WRITE")
+    return found
 
 
 class Side(Semaphore):
@@ -27,12 +34,9 @@ class Side(Semaphore):
         self, client: Any, name: str, mode: Union[Mode, str], ttl: float, **options: Any
     ) -> None:
         #: Mode.READ or Mode.WRITE (``"r"`` and ``"x"`` are read as those).
-        self.mode = Mode(mode)
-        if self.mode is Mode.PERMIT:
-            raise ValueError("a side of a read-write lock is taken in Mode.READ or Mode.WRITE")
+        self.mode = side_mode(mode)
         self.noun = self.mode.noun
         super().__init__(client, name, 1, ttl, **options)
-        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
         self.limit = 0  # (the scripts read no limit for a read or write hold)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _validate, transport
-from . import _errors, keys, protocol
+from . import _errors, protocol
 from ._primitive import Primitive
 from .keys import MultiKeys
 from .kinds import Kind, Mode
@@ -47,7 +47,6 @@ class Semaphore(Primitive):
         super().__init__(client, name, ttl, **options)
         _validate.check_count(limit, f"limit of {self.noun} {name!r}")
         self.limit = limit
-        self.keys = keys.multi_keys(self.prefix, self.name, self.kind)
 
     @property
     def key(self) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Optional
 
-from . import arguments, protocol
+from ..exceptions import LockLost, LockTimeout
+from . import arguments, keys, protocol
 from .kinds import Kind, Mode
 from .losses import logger, notify_lost
 from .protocol import DEFAULT_RESERVE_MS, Handoff
@@ -34,7 +35,6 @@ class HoldState:
     mode: Optional[Mode] = None
     #: How many may hold it at once, as sent to the scripts (0: not a semaphore).
     limit: int = 0
-    keys: Any  # a keys.LockKeys or keys.MultiKeys, set by the subclass
 
     #: Called with the parked entries a script call of this object granted
     #: (see tasks/parking.py); None: they are left to a recovery sweep.
@@ -96,6 +96,8 @@ class HoldState:
         #: Local send time and server time (ms) of the last queued attempt.
         self._sent = 0.0
         self._server_ms = 0
+        #: Its Redis keys (all in one hash slot).
+        self.keys = keys.of_kind(self.kind, self.prefix, self.name)
 
     @property
     def key(self) -> str:
@@ -137,6 +139,25 @@ class HoldState:
             len(handoffs),
         )
         return True
+
+    def _timed_out(self) -> LockTimeout:
+        """What ``with`` raises when it could not acquire within :attr:`timeout`."""
+        return LockTimeout(
+            f"could not acquire {self.noun} {self.name!r} within {self.timeout} s; "
+            f"held by {self.holder!r} for another {self.holder_ttl_ms} ms",
+            self.key,
+            self.holder,
+            self.holder_ttl_ms,
+        )
+
+    def _lost_before_release(self, fence: Optional[int]) -> LockLost:
+        """A release found nothing to release: the lease had run out (noted)."""
+        self.lost = True
+        return LockLost(
+            f"{self.noun} {self.name!r} (fence {fence}) had expired before release; "
+            "another owner may have held it since",
+            self.key,
+        )
 
     def _mark_lost(self, reason: str) -> None:
         """The lease ran out while held: say so to the object, its ``on_lost``
