@@ -30,15 +30,11 @@ import time
 import weakref
 from typing import Any, Optional
 
-from ..primitives.losses import logger, notify_lost
+from ..primitives.losses import ERROR_RETRY, logger, notify_lost, retry_soon
 from ..transport import DeadlineExceeded
 from . import calls
 
 __all__ = ["ERROR_RETRY", "Renewer", "notify_lost", "renewer_for", "renewers"]
-
-
-#: How soon a client is tried again after a failed renewal, in seconds.
-ERROR_RETRY = 1.0
 
 
 class _Entry:
@@ -164,16 +160,7 @@ class Renewer:
                     lease._renewed(started)
             else:
                 self._lost(entry, "the lease had expired or was taken over before renewal")
-        if failed:
-            logger.error(
-                "cannot renew %d lease(s), retrying in %g s: %r",
-                len(failed),
-                ERROR_RETRY,
-                failed[0][1],
-            )
-            now = time.monotonic()
-            for entry, _ in failed:
-                entry.next_due = now + min(ERROR_RETRY, entry.interval)
+        retry_soon(failed)
 
     def _lost(self, entry: _Entry, reason: str) -> None:
         if self.entries.get(entry.token) is entry:

@@ -30,7 +30,14 @@ import weakref
 from typing import Any, Optional
 
 from .. import transport
-from .losses import add_lost_listener, logger, notify_lost, remove_lost_listener
+from .losses import (
+    ERROR_RETRY,
+    add_lost_listener,
+    logger,
+    notify_lost,
+    remove_lost_listener,
+    retry_soon,
+)
 
 __all__ = [
     "Keeper",
@@ -40,9 +47,6 @@ __all__ = [
     "notify_lost",
     "remove_lost_listener",
 ]
-
-#: How soon a client is tried again after a failed renewal, in seconds.
-ERROR_RETRY = 1.0
 
 
 class _Entry:
@@ -293,16 +297,7 @@ class Keeper:
                 entry.next_due = started + entry.interval
             else:
                 self._lost(entry, "the lease had expired or was taken over before renewal")
-        if failed:
-            logger.error(
-                "cannot renew %d lease(s), retrying in %g s: %r",
-                len(failed),
-                ERROR_RETRY,
-                failed[0][1],
-            )
-            now = time.monotonic()
-            for entry, _ in failed:
-                entry.next_due = now + min(ERROR_RETRY, entry.interval)
+        retry_soon(failed)
 
     def _lost(self, entry: _Entry, reason: str) -> None:
         with self._cond:

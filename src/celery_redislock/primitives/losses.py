@@ -8,12 +8,23 @@ side registers a listener that sends the ``lock_lost`` signal.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add_lost_listener", "logger", "notify_lost", "remove_lost_listener"]
+__all__ = [
+    "ERROR_RETRY",
+    "add_lost_listener",
+    "logger",
+    "notify_lost",
+    "remove_lost_listener",
+    "retry_soon",
+]
 
 logger = logging.getLogger("celery_redislock.renewal")
+
+#: How soon a lease is renewed again after a failed renewal, in seconds.
+ERROR_RETRY = 1.0
 
 _listeners: list[Callable[[Any, str], None]] = []
 
@@ -37,3 +48,16 @@ def notify_lost(lease: Any, reason: str) -> None:
             fn(lease, reason)
         except Exception:  # a listener must not stop renewal
             logger.exception("lock_lost listener %r failed", fn)
+
+
+def retry_soon(failed: list[tuple[Any, BaseException]]) -> None:
+    """Log renewals that failed (entry, error), and make each due again within
+    :data:`ERROR_RETRY` (or its own interval, when shorter)."""
+    if not failed:
+        return
+    logger.error(
+        "cannot renew %d lease(s), retrying in %g s: %r", len(failed), ERROR_RETRY, failed[0][1]
+    )
+    now = time.monotonic()
+    for entry, _ in failed:
+        entry.next_due = now + min(ERROR_RETRY, entry.interval)
