@@ -34,19 +34,9 @@ async def complete(work: Coroutine[Any, Any, T]) -> T:
     task = asyncio.ensure_future(work)
     try:
         return await asyncio.shield(task)
-    except asyncio.CancelledError as cancelled:
-        if not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if not task.done():
-                    _finishing.add(task)
-                    task.add_done_callback(_finished)
-                    raise
-            except Exception:  # its outcome is not the caller's to see: it was cancelled
-                pass
-        _finished(task)
-        raise cancelled
+    except asyncio.CancelledError:
+        await _see_through(task)
+        raise
 
 
 async def finish_after_cancel(work: Coroutine[Any, Any, Any]) -> None:
@@ -54,16 +44,22 @@ async def finish_after_cancel(work: Coroutine[Any, Any, Any]) -> None:
     just cancelled: the caller waits for it (then raises its cancellation), or
     stops waiting on a second cancellation (``work`` still finishes).  Its
     outcome is not the caller's: the caller was cancelled."""
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if not task.done():
-            _finishing.add(task)
-            task.add_done_callback(_finished)
-            raise
-    except Exception:
-        pass
+    await _see_through(asyncio.ensure_future(work))
+
+
+async def _see_through(task: asyncio.Future[Any]) -> None:
+    """Wait for ``task`` on behalf of a caller that was cancelled; a second
+    cancellation stops the waiting, and ``task`` is kept to finish alone."""
+    if not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                _finishing.add(task)
+                task.add_done_callback(_finished)
+                raise
+        except Exception:  # its outcome is not the caller's to see: it was cancelled
+            pass
     _finished(task)
 
 
