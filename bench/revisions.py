@@ -41,6 +41,11 @@ def _lock_from(src: str, client: Any, name: str) -> Any:
         sys.path.insert(0, src)
     from locks import TTL
 
+    # Forked from a parent that imported this checkout's package (for its
+    # private redis-server): forget it, so ``src``'s is imported here.
+    for module in [m for m in sys.modules if m.split(".")[0] == "celery_redislock"]:
+        del sys.modules[module]
+
     import celery_redislock
 
     if not str(celery_redislock.__file__).startswith(src):

@@ -107,7 +107,8 @@ class Releasing(Core):
         ):
             return made[3], made[4]
         args = self._release_args(token)
-        packed = self._keyblock().evalsha(scripts.get(self.kind.scripts.release).sha, args)
+        script = scripts.get(self.kind.scripts.release)
+        packed = transport.packed_call(self.client, script, self._keyblock(), args)
         self._prepared_release = (token, self.reserve_ms, self.claim, args, packed)
         return args, packed
 

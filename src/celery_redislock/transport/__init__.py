@@ -30,7 +30,7 @@ Nothing here knows about locks or Celery.
 """
 
 from ._batch import call_batch
-from ._calls import call
+from ._calls import call, packed_call
 from ._encode import KeyBlock, encoding_of
 from ._errors import (
     UNREACHABLE,
@@ -55,6 +55,7 @@ __all__ = [
     "call_soon",
     "connect_timeout",
     "encoding_of",
+    "packed_call",
     "refused_as_too_old",
     "wait_pop",
 ]

@@ -26,15 +26,24 @@ from redis.exceptions import AskError, MovedError
 
 from . import _cluster
 from ._checkout import pool_of
-from ._encode import KeyBlock
+from ._encode import KeyBlock, prepack
 from ._execute import execute, execute_and_wait
 from ._noscript import loaded_one
 from ._roundtrip import roundtrip
 
-__all__ = ["call"]
+__all__ = ["call", "packed_call"]
 
 #: Script is a redis-py ``Script`` (or anything with ``sha`` and ``script``).
 Script = Any
+
+
+def packed_call(client: Any, script: Script, block: KeyBlock, args: list[Any]) -> Any:
+    """The call of ``script`` on ``block``'s keys with ``args``, ready for
+    :func:`call`'s ``packed``: packed now where the client sends through a
+    pool (:func:`._encode.prepack`), else its arguments."""
+    command = block.evalsha(script.sha, args)
+    pool = pool_of(client)
+    return command if pool is None else prepack(pool, command)
 
 
 def call(
@@ -49,7 +58,7 @@ def call(
     replicas: Optional[tuple[int, int]] = None,
 ) -> Any:
     """Run ``script`` on ``block``'s keys with ``args``: one round trip once loaded.
-    ``packed``, when given, is ``block.evalsha(script.sha, args)`` made earlier.
+    ``packed``, when given, is :func:`packed_call`'s (or ``block.evalsha``'s) made earlier.
 
     Error replies raise as redis-py raises them; NOSCRIPT (a restarted or
     flushed server) loads the script and sends the call again.  ``sends``,
