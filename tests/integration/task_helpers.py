@@ -78,6 +78,9 @@ def warm_up(capp: Any, concurrency: int, queue: Optional[str] = None) -> None:
     results += [
         capp.lt_skip.apply_async((job, tag, 0.3), queue=queue) for _ in range(2 * concurrency)
     ]
+    # Every one ready before any get(): Celery 5.3's Redis backend spends a
+    # second in each get() of a result that arrived while it waited for another.
+    wait_until(lambda: all(r.ready() for r in results), 30, 0.02, "the warm-up runs")
     for r in results:
         r.get(timeout=30, propagate=False)
 
