@@ -38,6 +38,9 @@ nitpick_ignore = [
     ("py:class", "collections.abc.Sequence"),
     # Relative references of docstrings written for the source reader.
     ("py:class", "RedisServer"),
+    ("py:class", "Mode"),
+    ("py:class", "LockKeys"),
+    ("py:class", "MultiKeys"),
     ("py:attr", "fence"),
     ("py:mod", "reading"),
     ("py:func", "release"),
