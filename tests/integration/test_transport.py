@@ -40,7 +40,7 @@ from celery_redislock import (
     Semaphore,
     transport,
 )
-from celery_redislock.primitives import _keeper, _scripts
+from celery_redislock.primitives import _keeper, scripts
 from celery_redislock.transport import _checkout, _own
 from celery_redislock.transport._encode import KeyBlock
 from celery_redislock.transport._errors import translated
@@ -73,7 +73,7 @@ def test_a_call_goes_out_as_redis_pys_evalsha_in_the_clients_encoding() -> None:
     keys = ["redislock:{ünï}:lock", "k2"]
     block = KeyBlock(keys, "latin-1")  # the keys encoded once, as the client would
     args: list[Any] = ["tók", 30000, 0, "w:", 2000, 1.5, b"\x00\xff"]
-    sha = _scripts.get("lock_acquire").sha
+    sha = scripts.get("lock_acquire").sha
     packer = redis.Connection(encoding="latin-1")
     ours = b"".join(packer.pack_command(*block.evalsha(sha, args)))
     theirs = b"".join(packer.pack_command("EVALSHA", sha, 2, *keys, *args))
@@ -118,7 +118,7 @@ def test_a_flushed_batch_loads_each_script_once_and_resends_only_its_calls(
     redis_url: str, r: redis.Redis
 ) -> None:
     client, trips = counting_client(redis_url)
-    count, fence = _scripts.get("multi_count"), _scripts.get("fence_bump")
+    count, fence = scripts.get("multi_count"), scripts.get("fence_bump")
     calls = [(count, KeyBlock([f"transport-batch-{i}"]), []) for i in range(3)]
     r.script_load(fence.script)
     calls.append((fence, KeyBlock(["transport-batch-fence"]), [1000]))
@@ -517,7 +517,7 @@ def test_a_replica_refusing_a_scripts_write_is_unavailable_before_redis_7() -> N
     with answered_by(WRAPPED_READONLY) as client:
         assert_unavailable(client, redis.exceptions.ReadOnlyError)
         # The same on the other two paths: a reply read later, and a batch.
-        script = _scripts.get("lock_release")
+        script = scripts.get("lock_release")
         block = KeyBlock(["transport-errors"], "utf-8")
         with pytest.raises(redis.exceptions.ReadOnlyError) as later:
             transport.call_soon(client, script, block, []).get()
