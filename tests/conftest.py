@@ -6,6 +6,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.cluster import LocalCluster
+from tests.cluster import unavailable as cluster_unavailable
 from tests.sentinel import LocalSentinel, SentinelUnavailable
 
 
@@ -39,3 +41,15 @@ def topology() -> Iterator[LocalSentinel]:
     sentinel.start()
     yield sentinel
     sentinel.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A local 3-master Redis Cluster (no replicas) for the module
+    (tests/cluster.py); skipped where it cannot be started."""
+    reason = cluster_unavailable()
+    if reason:
+        pytest.skip(reason)
+    cluster = LocalCluster(3).start()
+    yield cluster
+    cluster.stop()

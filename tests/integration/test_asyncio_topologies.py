@@ -9,7 +9,6 @@ the lease, observed through plain clients on the servers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from celery_redislock import Lock as SyncLock
 from celery_redislock.asyncio import Lock, calls, renewal
 from tests.asyncio_support import CountingConnection, close, no_renewals, wait_for
 from tests.cluster import LocalCluster
-from tests.cluster import unavailable as cluster_unavailable
 from tests.helpers import RoundTrips, sha
 from tests.sentinel import LocalSentinel
 
@@ -64,16 +62,6 @@ def test_sentinel_master_for(topology: LocalSentinel) -> None:
     assert got and owned
     assert second > first
     assert exists == 0
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[LocalCluster]:
-    reason = cluster_unavailable()
-    if reason:
-        pytest.skip(reason)
-    cluster = LocalCluster(3).start()
-    yield cluster
-    cluster.stop()
 
 
 async def count_per_node(client: RedisCluster) -> dict[int, RoundTrips]:

@@ -65,17 +65,6 @@ Nodes = dict[int, redis.Redis]
 # -- fixtures and helpers ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[LocalCluster]:
-    """A local 3-master Redis Cluster (no replicas) for the module."""
-    reason = cluster_unavailable()
-    if reason:
-        pytest.skip(reason)
-    cluster = LocalCluster(3).start()
-    yield cluster
-    cluster.stop()
-
-
 @pytest.fixture
 def nodes(redis_cluster: LocalCluster) -> Iterator[Nodes]:
     """A plain client on each master, by port; every node flushed first."""

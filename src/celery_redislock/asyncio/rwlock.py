@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Union, cast
+from typing import Any, cast
 
-from ..primitives.protocol import Kind, Mode
-from ..primitives.rwlock import ReadWriteHolds, side_mode
+from ..primitives.rwlock import ReadWriteHolds, SideState
 from .semaphore import Semaphore, count_holders
 
 __all__ = ["ReadWriteLock", "Side"]
 
 
-class Side(Semaphore):
+class Side(SideState, Semaphore):
     """One hold of a ReadWriteLock (read or write), with the Lock interface."""
-
-    kind = Kind.RWLOCK
-
-    def __init__(
-        self, client: Any, name: str, mode: Union[Mode, str], ttl: float, **options: Any
-    ) -> None:
-        #: Mode.READ or Mode.WRITE (``"r"`` and ``"x"`` are read as those).
-        self.mode = side_mode(mode)
-        self.noun = self.mode.noun
-        super().__init__(client, name, 1, ttl, **options)
-        self.limit = 0  # (the scripts read no limit for a read or write hold)
 
 
 class ReadWriteLock(ReadWriteHolds):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from .. import _validate
 from ..primitives import protocol
 from ..primitives.keys import MultiKeys
-from ..primitives.protocol import Kind, Mode
+from ..primitives.semaphore import PermitState
 from .primitive import Primitive
 
 __all__ = ["Semaphore", "count_holders"]
@@ -18,7 +15,7 @@ async def count_holders(prim: Semaphore) -> int:
     return int(await prim._call("count", protocol.count_holders(prim.keys)))
 
 
-class Semaphore(Primitive):
+class Semaphore(PermitState, Primitive):
     """A counting semaphore in Redis, for asyncio: at most ``limit`` holders.
 
     The same semaphore as :class:`celery_redislock.Semaphore` (keys,
@@ -27,17 +24,7 @@ class Semaphore(Primitive):
     holder.  Accepts the keyword options of :class:`Lock`.
     """
 
-    kind = Kind.SEMAPHORE
-    noun = "semaphore"
-    mode: Mode = Mode.PERMIT
     keys: MultiKeys
-
-    def __init__(
-        self, client: Any, name: str, limit: int, ttl: float = 30.0, **options: Any
-    ) -> None:
-        super().__init__(client, name, ttl, **options)
-        _validate.check_count(limit, f"limit of {self.noun} {name!r}")
-        self.limit = limit
 
     async def holders(self) -> int:
         """How many holders have a live lease now (one round trip)."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, ClassVar, Union, cast
 
 from .kinds import Kind, Mode
-from .semaphore import Semaphore, count_holders
+from .semaphore import PermitState, Semaphore, count_holders
 
-__all__ = ["ReadWriteHolds", "ReadWriteLock", "Side", "side_mode"]
+__all__ = ["ReadWriteHolds", "ReadWriteLock", "Side", "SideState", "side_mode"]
 
 
 def side_mode(mode: Union[Mode, str]) -> Mode:
@@ -25,8 +25,8 @@ def side_mode(mode: Union[Mode, str]) -> Mode:
     return found
 
 
-class Side(Semaphore):
-    """One hold of a ReadWriteLock; acquire/release/context manager like Lock."""
+class SideState(PermitState):
+    """What a side of a read-write lock is in either driver: its kind and mode."""
 
     kind = Kind.RWLOCK
 
@@ -38,6 +38,10 @@ class Side(Semaphore):
         self.noun = self.mode.noun
         super().__init__(client, name, 1, ttl, **options)
         self.limit = 0  # (the scripts read no limit for a read or write hold)
+
+
+class Side(SideState, Semaphore):
+    """One hold of a ReadWriteLock; acquire/release/context manager like Lock."""
 
 
 class ReadWriteHolds:

@@ -14,11 +14,27 @@ from . import _errors, protocol
 from ._primitive import Primitive
 from .keys import MultiKeys
 from .kinds import Kind, Mode
+from .state import HoldState
 
-__all__ = ["Semaphore"]
+__all__ = ["PermitState", "Semaphore"]
 
 
-class Semaphore(Primitive):
+class PermitState(HoldState):
+    """What a semaphore is in either driver: its kind, and its checked limit."""
+
+    kind = Kind.SEMAPHORE
+    noun = "semaphore"
+    mode: Mode = Mode.PERMIT
+
+    def __init__(
+        self, client: Any, name: str, limit: int, ttl: float = 30.0, **options: Any
+    ) -> None:
+        super().__init__(client, name, ttl, **options)
+        _validate.check_count(limit, f"limit of {self.noun} {name!r}")
+        self.limit = limit
+
+
+class Semaphore(PermitState, Primitive):
     """A counting semaphore in Redis: at most ``limit`` concurrent holders.
 
     One object holds at most one permit; use one object per concurrent
@@ -36,17 +52,7 @@ class Semaphore(Primitive):
     Accepts the keyword options of :class:`celery_redislock.Lock`.
     """
 
-    kind = Kind.SEMAPHORE
-    noun = "semaphore"
-    mode: Mode = Mode.PERMIT
     keys: MultiKeys
-
-    def __init__(
-        self, client: Any, name: str, limit: int, ttl: float = 30.0, **options: Any
-    ) -> None:
-        super().__init__(client, name, ttl, **options)
-        _validate.check_count(limit, f"limit of {self.noun} {name!r}")
-        self.limit = limit
 
     @property
     def key(self) -> str:
