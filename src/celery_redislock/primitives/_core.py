@@ -63,7 +63,7 @@ class Core(HoldState):
         sends: Optional[list[int]] = None,
         deadline: Optional[float] = None,
         replicas: Optional[tuple[int, int]] = None,
-        packed: Optional[bytes] = None,
+        packed: Any = None,
     ) -> Any:
         """Run one of the primitive's scripts (on :meth:`_keyblock`'s keys
         unless ``block``): one round trip; see :func:`._errors.run`."""

@@ -29,7 +29,7 @@ def run(
     sends: Optional[list[int]] = None,
     deadline: Optional[float] = None,
     replicas: Optional[tuple[int, int]] = None,
-    packed: Optional[bytes] = None,
+    packed: Any = None,
 ) -> Any:
     """Run script ``script`` on ``block``'s keys: one round trip.  With
     ``replicas``, the reply is ``(reply, replicas that acknowledged)``;

@@ -25,7 +25,7 @@ class Releasing(Core):
     """A primitive's release and extension (see :class:`._primitive.Primitive`)."""
 
     #: (token, reserve_ms, claim, args, packed call) of the release of the latest acquire.
-    _prepared_release: Optional[tuple[str, int, Optional[Claim], list[Any], bytes]] = None
+    _prepared_release: Optional[tuple[str, int, Optional[Claim], list[Any], Any]] = None
 
     def release(self) -> None:
         """Release and hand over to the next in line (one round trip).
@@ -90,7 +90,7 @@ class Releasing(Core):
             self.keys, token, self._keep_ms, reserve_ms=self.reserve_ms, claim=self.claim
         )
 
-    def _release_call(self, token: str) -> tuple[list[Any], bytes]:
+    def _release_call(self, token: str) -> tuple[list[Any], Any]:
         """The release of ``token``'s hold: its arguments, and the call packed.
 
         Made when ``acquire()`` starts, so that a release sends it at once:
