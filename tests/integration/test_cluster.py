@@ -628,7 +628,8 @@ def test_wait_replicas_waits_for_the_owning_nodes_replica(
                 assert node.exists(late.key) == 0  # undone on the master
             # The master keeps extending the held lease, unacknowledged: the
             # holder is told once its last acknowledged lease has run out.
-            wait_until(lambda: held.lost, 3, 0.02, "the holder to be told")
+            # (The keeper tells the listeners just after it marks the lease lost.)
+            wait_until(lambda: held.lost and lost_events, 3, 0.02, "the holder to be told")
             assert [lease for lease, _ in lost_events] == [held]
         finally:
             stopped.send_signal(signal.SIGCONT)

@@ -817,7 +817,8 @@ def test_renewal_with_redis_down_marks_the_lease_lost_and_the_keeper_survives(
     time.sleep(0.02)
     private_redis.kill()
     killed_at = time.monotonic()
-    wait_until(lambda: lock.lost, 3, what="the lease to be marked lost")
+    # (``lost`` turns true first; the callback and listeners right after.)
+    wait_until(lambda: lock.lost and lost_at and lost_events, 3, what="the lease marked lost")
     assert len(lost_at) == 1
     # Lost once the lease has run out (not before), within one renewal interval.
     assert lock.ttl - 0.1 <= lost_at[0] - killed_at <= lock.ttl + lock.renew_interval + 0.3

@@ -116,7 +116,8 @@ def test_a_renewal_the_replica_does_not_acknowledge_does_not_count(
     # The master keeps extending the lease; the replica, which a failover
     # would promote, never hears of it: the holder must learn its lease is
     # not safe once the last acknowledged lease has run out.
-    wait_until(lambda: lock.lost, 3, 0.02, "the holder to be told")
+    # (The keeper tells the listeners just after it marks the lease lost.)
+    wait_until(lambda: lock.lost and lost_events, 3, 0.02, "the holder to be told")
     assert [lease for lease, _ in lost_events] == [lock]
     lock.token and lock.release()
 
