@@ -1,6 +1,6 @@
 """Redis locks, semaphores and contention policies around Celery task execution.
 
-``Lock``, ``Semaphore`` and ``ReadWriteLock`` need only redis-py; importing
+``Lock``, ``Semaphore``, ``ReadWriteLock`` and ``RateLimiter`` need only redis-py; importing
 them does not import Celery.  ``LockedTask``, ``ConfiguredLocks``, ``PARKED`` (and the rest of
 the Celery side, in :mod:`celery_redislock.tasks`) is imported on first use.
 """
@@ -20,11 +20,12 @@ from .exceptions import (
     LockLost,
     LockNotOwned,
     LockTimeout,
+    RateLimited,
     RedisLockError,
     TaskSkipped,
     TaskSuperseded,
 )
-from .primitives import Lock, ReadWriteLock, Semaphore
+from .primitives import Lock, RateLimiter, ReadWriteLock, Semaphore
 
 try:
     __version__ = version("celery-redislock")
@@ -46,6 +47,8 @@ __all__ = [
     "LockNotOwned",
     "LockTimeout",
     "LockedTask",
+    "RateLimited",
+    "RateLimiter",
     "ReadWriteLock",
     "RedisLockError",
     "Semaphore",

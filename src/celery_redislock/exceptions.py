@@ -9,7 +9,8 @@
     └── LockError                    something about one lock
         ├── LockContended            held by someone else (key, holder, ttl_ms)
         │   ├── LockTimeout          gave up waiting for it
-        │   └── TaskSkipped          a task run dropped by on_contention="skip"
+        │   ├── TaskSkipped          a task run dropped by on_contention="skip"
+        │   └── RateLimited          no start free under a rate limit (key, delay)
         ├── LockNotOwned             release/extend of a lock the caller does not hold
         │   └── LockLost             the caller held it, but its lease ran out
         ├── AlreadyQueued            a publish refused: the same job is queued (key, task_id)
@@ -36,6 +37,7 @@ __all__ = [
     "LockLost",
     "LockNotOwned",
     "LockTimeout",
+    "RateLimited",
     "RedisLockError",
     "TaskSkipped",
     "TaskSuperseded",
@@ -109,6 +111,21 @@ class TaskSkipped(LockContended):
     Stored as the run's FAILURE result, so ``AsyncResult.get()`` raises it
     promptly; ``holder`` is the task id of the run that held the lock.
     """
+
+
+class RateLimited(LockContended):
+    """No start is free under a rate limit now (``on_rate_limited="fail"``).
+
+    ``delay`` is the seconds until the next free start, when this was raised;
+    ``ttl_ms`` the same in milliseconds, as for any contention.
+    """
+
+    def __init__(self, message: str = "", key: str = "", delay: float = 0.0) -> None:
+        if not message:
+            message = f"rate limit {key!r}: the next start is free in {delay:.3f} s"
+        super().__init__(message, key, None, max(0, round(delay * 1000)))
+        self.args = (message, key, delay)
+        self.delay = delay
 
 
 class AlreadyQueued(LockError):

@@ -1,4 +1,4 @@
-"""Lock, Semaphore and ReadWriteLock for asyncio, over ``redis.asyncio``.
+"""Lock, Semaphore, ReadWriteLock and RateLimiter for asyncio, over ``redis.asyncio``.
 
 The asyncio driver of the primitives' protocol
 (:mod:`celery_redislock.primitives.protocol`): the same keys, scripts, queues
@@ -8,7 +8,7 @@ holder hands over to an asyncio waiter and back.  Clients: ``redis.asyncio.Redis
 ``redis.asyncio.cluster.RedisCluster``.
 
 Modules: ``primitive.py`` (acquire, release, extend), ``lock.py``,
-``semaphore.py``, ``rwlock.py``; ``calls.py`` (script calls, the one place
+``semaphore.py``, ``rwlock.py``, ``rate_limiter.py``; ``calls.py`` (script calls, the one place
 they are sent), ``waits.py`` (a blocking acquire's waits for its hand-over),
 ``renewal.py`` (one renewer per event loop and client),
 ``cancellation.py`` (work a cancellation must not cut short).  What it may import:
@@ -19,7 +19,8 @@ exceptions and validators.  Never Celery.
 
 from .lock import Lock
 from .primitive import Primitive
+from .rate_limiter import RateLimiter
 from .rwlock import ReadWriteLock
 from .semaphore import Semaphore
 
-__all__ = ["Lock", "Primitive", "ReadWriteLock", "Semaphore"]
+__all__ = ["Lock", "Primitive", "RateLimiter", "ReadWriteLock", "Semaphore"]

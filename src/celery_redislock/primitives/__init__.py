@@ -1,11 +1,12 @@
-"""Lock, Semaphore and ReadWriteLock: the Redis primitives, usable without Celery.
+"""Lock, Semaphore, ReadWriteLock and RateLimiter: the Redis primitives, usable without Celery.
 
 What lives here: the sans-I/O protocol every primitive speaks
 (``protocol.py``: the script calls and their replies; ``kinds.py``: Kind and
 Mode; ``arguments.py``: the argument checks), the sync driver of it
 (``_core.py`` the state and calls, ``_release.py``, ``_parking.py``,
 ``_primitive.py`` the acquire loop, ``_replicas.py``, ``_errors.py``), the
-primitives themselves (``lock.py``, ``semaphore.py``, ``rwlock.py``), the
+primitives themselves (``lock.py``, ``semaphore.py``, ``rwlock.py``,
+``rate_limiter.py`` over ``rates.py``, the rate protocol), the
 per-process lease keeper (``_keeper.py``), key layout (``keys.py``), owner
 tokens (``tokens.py``), unique keys (``unique.py``) and the Lua scripts
 (``lua/``, loaded by ``scripts.py``).  What it may import: the standard
@@ -18,6 +19,7 @@ from ._primitive import Primitive
 from ._release import Release
 from .kinds import Kind, Mode
 from .lock import Lock, bump_fence, reap, release_token
+from .rate_limiter import RateLimiter
 from .rwlock import ReadWriteLock
 from .semaphore import Semaphore
 
@@ -26,6 +28,7 @@ __all__ = [
     "Lock",
     "Mode",
     "Primitive",
+    "RateLimiter",
     "ReadWriteLock",
     "Release",
     "Semaphore",

@@ -27,6 +27,7 @@ __all__ = [
     "multi_keys_at",
     "of_kind",
     "of_kind_at",
+    "rate_key",
     "tag",
     "unique_key",
 ]
@@ -169,3 +170,9 @@ def unique_key(prefix: str, name: str) -> str:
     can carry the claim on Redis Cluster too.
     """
     return f"{tag(prefix, name)}:unique"
+
+
+def rate_key(prefix: str, name: str) -> str:
+    """The key of rate limit ``name``: the theoretical arrival time of its next
+    start (see lua/rate_acquire.lua).  A lock of the same name shares its hash tag."""
+    return f"{tag(prefix, name)}:rate"

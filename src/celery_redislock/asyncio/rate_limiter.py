@@ -1,0 +1,75 @@
+"""RateLimiter for asyncio: the same rate keys and script as the sync
+:class:`celery_redislock.RateLimiter`, so sync and asyncio clients share one limit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+from .. import _validate
+from ..primitives import keys
+from ..primitives.failures import unreachable
+from ..primitives.rates import Rate, Slot, parse_slot, rate, slot_call
+from ..transport import UNREACHABLE
+from . import calls
+
+__all__ = ["RateLimiter"]
+
+
+class RateLimiter:
+    """At most ``rate`` starts across every client of the same Redis, ``burst``
+    at once; ``await acquire()`` sleeps on the event loop until its slot."""
+
+    noun = "rate limit"
+
+    def __init__(
+        self, client: Any, name: str, rate: Any, burst: int = 1, *, prefix: str = "redislock"
+    ) -> None:
+        what = f"rate limit {name!r}"
+        _validate.check_name(name, f"name of {what}")
+        _validate.check_name(prefix, f"prefix of {what}")
+        self.client = client
+        self.name = name
+        self.limit: Rate = _rate(rate, what, burst)
+        self.key = keys.rate_key(prefix, name)
+
+    @property
+    def rate(self) -> Rate:
+        return self.limit
+
+    async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take a start: now, or (``blocking``) at the next free slot, sleeping
+        until then.  With ``timeout``, a slot further away than that is not
+        taken and False comes back at once.  A cancelled sleep spends its slot."""
+        if timeout is not None:
+            _validate.check_seconds(timeout, f"timeout of {self.noun} {self.name!r}")
+        slot = await self._take(0.0 if not blocking else timeout)
+        if slot.taken and slot.delay > 0:
+            await asyncio.sleep(slot.delay)
+        return slot.taken
+
+    async def reserve(self) -> float:
+        """Take the next free start, however far away; the seconds until it."""
+        return (await self._take(None)).delay
+
+    async def _take(self, ahead: Optional[float]) -> Slot:
+        call = slot_call(self.key, self.limit, ahead)
+        try:
+            reply = await calls.run(self.client, call)
+        except UNREACHABLE as exc:
+            raise unreachable("acquire", self.key, exc) from exc
+        return parse_slot(reply)
+
+    async def __aenter__(self) -> RateLimiter:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Nothing to give back: a start, once taken, is spent."""
+
+    def __repr__(self) -> str:
+        return f"<asyncio RateLimiter {self.name!r} {self.limit} burst={self.limit.burst}>"
+
+
+def _rate(value: Any, what: str, burst: Any) -> Rate:
+    return rate(value, f"rate of {what}", burst)
