@@ -25,9 +25,12 @@ from typing import Any, Optional, Union
 
 from . import _spelling, _validate, client_factory, lock_store, store_source
 from .exceptions import ConfigurationError
+from .primitives import rates
+from .primitives.rates import Rate
 
 __all__ = [
     "CONTENTION_POLICIES",
+    "RATE_LIMITED_POLICIES",
     "Settings",
     "client_for",
     "describe_store",
@@ -41,6 +44,7 @@ CONTENTION_POLICIES = ("retry", "skip", "wait", "fail", "park")
 DUPLICATE_ACTIONS = ("return", "raise", "replace")
 WAIT_FALLBACKS = ("retry", "fail")
 REDIS_ERROR_POLICIES = ("retry", "fail", "run")
+RATE_LIMITED_POLICIES = ("defer", "wait", "skip", "fail")
 #: ``redislock_*`` keys this library reads besides the Settings fields.
 OTHER_KEYS: tuple[str, ...] = ("redislock_tasks",)
 
@@ -103,6 +107,13 @@ class Settings:
     on_duplicate: what a duplicate publish of a unique job does: ``return``
         (the existing job's AsyncResult), ``raise`` (AlreadyQueued) or
         ``replace`` (queue it; the waiting one is dropped).
+    rate_limits: named rate limits shared across tasks, ``{"name": rate}``
+        (``"100/s"``, ``"1000/h"``, or starts per second; tasks join one with
+        ``rate_limit_group="name"``).
+    on_rate_limited: what a run over its rate limit does: ``defer`` (re-sent
+        once, to start at the slot it reserved), ``wait`` (sleeps in the
+        worker until its slot, up to ``lock_wait_timeout``), ``skip``
+        (TaskSkipped) or ``fail`` (RateLimited).
     metrics_port: TCP port a worker serves Prometheus metrics on, at
         ``/metrics`` (0 or None: off; needs the ``prometheus`` extra, and
         ``PROMETHEUS_MULTIPROC_DIR`` with the prefork pool; see
@@ -134,6 +145,8 @@ class Settings:
     wait_timeout_ms: int = 1000
     unique_ttl: float = 3600.0
     on_duplicate: str = "return"
+    rate_limits: dict[str, Any] = field(default_factory=dict)
+    on_rate_limited: str = "defer"
     metrics_port: Optional[int] = None
     metrics_addr: str = "0.0.0.0"
 
@@ -211,6 +224,10 @@ def validate(name: str, value: Any, where: str) -> None:
         _validate.check_name(value, where)
     elif name == "semaphores":
         _validate.check_limits(value, where)
+    elif name == "rate_limits":
+        check_rate_limits(value, where)
+    elif name == "on_rate_limited":
+        _validate.check_choice(value, where, RATE_LIMITED_POLICIES)
     elif name == "wait_replicas":
         _validate.check_count(value, where, minimum=0)
     elif name == "wait_timeout_ms":
@@ -223,6 +240,17 @@ def validate(name: str, value: Any, where: str) -> None:
             raise ConfigurationError(f"{where} must be a port, 1 to 65535 (0: off), got {value!r}")
     elif name == "metrics_addr":
         _validate.check_name(value, where)
+
+
+def check_rate_limits(value: Any, where: str) -> dict[str, Rate]:
+    """``redislock_rate_limits``, each limit parsed (an error names the group)."""
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"{where} must be a dict of {{name: rate}}, got {value!r}")
+    limits = {}
+    for group, limit in value.items():
+        _validate.check_name(group, f"{where}: a group name")
+        limits[group] = rates.rate(limit, f"{where}[{group!r}]")
+    return limits
 
 
 def visibility_timeout(conf: Any) -> Optional[float]:

@@ -22,6 +22,10 @@ and these keyword arguments:
   waiting job is dropped as it reaches a worker) or ``"fail"`` (inside a
   canvas: sent, to end at once as a FAILURE with AlreadyQueued, so that the
   rest of the canvas learns of it).
+- ``rate_limited(request, key, name, delay, policy)``: a run found no start
+  free under its rate limit; ``delay`` is the seconds to the slot it holds
+  (``defer``, ``wait``) or to the next free one (``skip``, ``fail``), and
+  ``policy`` its ``on_rate_limited``.
 - ``task_republished(task_id, task_name)``: a parked run granted its lock was
   re-published, by the process whose script call granted it (the holder's
   release, or a park sweeper); ``sender`` is the task when this process has
@@ -52,6 +56,7 @@ __all__ = [
     "lock_lost",
     "lock_released",
     "parked_lost",
+    "rate_limited",
     "task_duplicate",
     "task_republished",
     "task_skipped",
@@ -65,6 +70,7 @@ lock_lost = Signal(name="lock_lost")
 task_duplicate = Signal(name="task_duplicate")
 task_republished = Signal(name="task_republished")
 parked_lost = Signal(name="parked_lost")
+rate_limited = Signal(name="rate_limited")
 
 
 def _on_lease_lost(lease: Any, reason: str) -> None:

@@ -43,17 +43,20 @@ class RateLimiter:
         taken and False comes back at once.  A cancelled sleep spends its slot."""
         if timeout is not None:
             _validate.check_seconds(timeout, f"timeout of {self.noun} {self.name!r}")
-        slot = await self._take(0.0 if not blocking else timeout)
+        slot = await self.take(0.0 if not blocking else timeout)
         if slot.taken and slot.delay > 0:
             await asyncio.sleep(slot.delay)
         return slot.taken
 
     async def reserve(self) -> float:
         """Take the next free start, however far away; the seconds until it."""
-        return (await self._take(None)).delay
+        return (await self.take(None)).delay
 
-    async def _take(self, ahead: Optional[float]) -> Slot:
-        call = slot_call(self.key, self.limit, ahead)
+    async def take(self, within: Optional[float]) -> Slot:
+        """Take the next free start if it is at most ``within`` seconds away
+        (0: now only; None: however far); the :class:`Slot` says whether it
+        was taken and when it is (or the next free one is)."""
+        call = slot_call(self.key, self.limit, within)
         try:
             reply = await calls.run(self.client, call)
         except UNREACHABLE as exc:

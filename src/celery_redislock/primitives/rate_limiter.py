@@ -53,7 +53,7 @@ class RateLimiter:
         taken and False comes back at once: nothing can bring it closer."""
         if timeout is not None:
             _validate.check_seconds(timeout, f"timeout of {self.noun} {self.name!r}")
-        slot = self._take(0.0 if not blocking else timeout)
+        slot = self.take(0.0 if not blocking else timeout)
         if slot.taken and slot.delay > 0:
             time.sleep(slot.delay)
         return slot.taken
@@ -61,10 +61,13 @@ class RateLimiter:
     def reserve(self) -> float:
         """Take the next free start, however far away, and return the seconds
         until it (0.0: now).  The slot is the caller's; it is not given back."""
-        return self._take(None).delay
+        return self.take(None).delay
 
-    def _take(self, ahead: Optional[float]) -> Slot:
-        call = slot_call(self.key, self.limit, ahead)
+    def take(self, within: Optional[float]) -> Slot:
+        """Take the next free start if it is at most ``within`` seconds away
+        (0: now only; None: however far), in one round trip; the :class:`Slot`
+        says whether it was taken and when it is (or the next free one is)."""
+        call = slot_call(self.key, self.limit, within)
         reply = _errors.run(self.client, "acquire", self.key, call.script, self._block, call.args)
         return parse_slot(reply)
 

@@ -1,5 +1,7 @@
 """How a LockedTask run takes its lock, before its body runs.
 
+A rate-limited task takes its start first (:mod:`celery_redislock.tasks.rate_stage`).
+
 :func:`enter` builds the run's primitive, applies the contention policy
 when it is held (:mod:`celery_redislock.tasks.policies`), and returns the
 run's :class:`~celery_redislock.tasks.hold.Hold`.  A unique job's run also
@@ -28,7 +30,7 @@ from ..exceptions import AlreadyQueued, BackendUnavailable, LockContended, TaskS
 from ..primitives import Kind, Primitive
 from ..primitives.tokens import new_token, process
 from ..unique.run import UniqueRun, claim_in, duplicate_of
-from . import park_recovery, parking, policies, targets
+from . import park_recovery, parking, policies, rate_stage, targets
 from .hold import Hold
 from .messages import CALL_OPTIONS_HEADER, header, message_headers
 from .owners import holder_task_id, owner_prefix
@@ -44,8 +46,9 @@ _JOB_GOES_ON = (Retry, policies.Parked)
 def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[Hold]:
     """Take the run's lock, or end the run as its policy says (by raising).
 
-    Returns the run's hold, or None when Redis is unreachable and
-    ``lock_on_redis_error="run"`` lets the body run without a lock.
+    Returns the run's hold, or None when the run takes no lock: a task with a
+    rate limit and no lock, or Redis unreachable and
+    ``lock_on_redis_error="run"`` letting the body run without one.
     """
     signals.connect()
     holder = duplicate_of(request)
@@ -57,14 +60,20 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
             holder,
         )
         policies.end_without_running(task, request, exc)
-    name, kind = task.lock_target_for(args, kwargs)
     # Once per run: the app (a class property), its settings, and the run's
     # per-call options (a message header), for every option read below.
     app = task.app
     settings = config.settings_for(app)
     overrides = header(request, CALL_OPTIONS_HEADER)
-    prim = primitive(task, request, name, kind, app, settings, overrides)
     run = _unique_run(task, request)
+    if task._redislock_rated:
+        # The start comes first: a run over its rate limit touches no lock.
+        ending = run.drop if run is not None else None
+        rate_stage.enter(task, request, args, kwargs, settings, overrides, ending)
+        if not task._redislock_locks:
+            return None  # a rate limit alone: the run starts, with no lock
+    name, kind = task.lock_target_for(args, kwargs)
+    prim = primitive(task, request, name, kind, app, settings, overrides)
     if run is not None:
         run.attach(prim)
     # Only a receiver of lock_acquired needs the time taking the lock began.
@@ -145,7 +154,7 @@ def _take(
                 prim.release()  # hands over to the next in line
                 acquired = False
     except BackendUnavailable as exc:
-        _unreachable(task, request, prim.name, exc)
+        policies.unreachable(task, request, prim.name, exc)
         return False
     if prim.superseded_by is not None:
         _superseded(task, request, prim, run)
@@ -255,20 +264,3 @@ def _park(task: Any, request: Any, prim: Primitive, run: Any) -> bool:
         run.parked()
     policies.parked(task, request, prim)
     return False  # pragma: no cover
-
-
-def _unreachable(task: Any, request: Any, name: str, exc: BackendUnavailable) -> None:
-    policy = task.lock_option("lock_on_redis_error", request)
-    logger.error(
-        "%s[%s]: lock store unreachable for %r (lock_on_redis_error=%s): %s",
-        task.name,
-        request.id,
-        name,
-        policy,
-        exc,
-    )
-    if policy == "run":
-        return
-    if policy == "retry" and not request.is_eager:
-        policies.retry_later(task, request, exc)
-    raise exc

@@ -111,6 +111,10 @@ class LockedTask(Task):  # type: ignore[misc]
     on_duplicate: Optional[str] = None
     debounce: Optional[float] = None
     throttle: Optional[float] = None
+    global_rate_limit: Any = None
+    rate_limit_key: Any = None
+    rate_limit_group: Optional[str] = None
+    on_rate_limited: Optional[str] = None
 
     _redislock_keyspec: Optional[KeySpec] = None
     _redislock_unique_keyspec: Optional[KeySpec] = None
@@ -118,6 +122,13 @@ class LockedTask(Task):  # type: ignore[misc]
     _redislock_unique = False
     #: Whether the next __call__ after LockedTask's in the MRO is Task's own.
     _redislock_direct = True
+    #: The parsed global_rate_limit, and the rate_limit_key (set by prepare()).
+    _redislock_rate: Any = None
+    _redislock_rate_keyspec: Optional[KeySpec] = None
+    #: Whether runs take a start under a rate limit, and whether they take a
+    #: lock (a rate limit alone takes none; set by prepare()).
+    _redislock_rated = False
+    _redislock_locks = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery builds a class per decorated function (type(name, (base,),

@@ -7,9 +7,12 @@
 - ``redislock_unique``: the job's claim on its unique key (publish-side
   uniqueness: the key, the policy, how long it holds);
 - ``redislock_duplicate``: a duplicate sent only to end visibly, inside a
-  canvas (the task id of the job that holds the key).
+  canvas (the task id of the job that holds the key);
+- ``redislock_rate_slot``: a run deferred to its rate-limit slot, which it
+  holds: the seconds of its wait left after this hop (0: start now).
 
-A re-sent copy of a run's message (a retry, a parked run) carries them all.
+A re-sent copy of a run's message (a retry, a parked run) carries them all,
+but the rate slot: that one is honoured once, by the copy that was sent to it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 __all__ = [
     "CALL_OPTIONS_HEADER",
     "DUPLICATE_HEADER",
+    "RATE_HEADER",
     "REDIS_ERROR_RETRIES_HEADER",
     "RETRIES_HEADER",
     "UNIQUE_HEADER",
@@ -40,6 +44,9 @@ UNIQUE_HEADER = "redislock_unique"
 #: Message header of a duplicate sent inside a canvas: the holder's task id.
 DUPLICATE_HEADER = "redislock_duplicate"
 
+#: Message header of a run deferred to its rate-limit slot: the wait left after this hop.
+RATE_HEADER = "redislock_rate_slot"
+
 _OURS = (CALL_OPTIONS_HEADER, RETRIES_HEADER, REDIS_ERROR_RETRIES_HEADER, UNIQUE_HEADER)
 
 
@@ -53,6 +60,7 @@ def header(request: Any, name: str) -> Any:
 def message_headers(request: Any) -> dict[str, Any]:
     """The headers a re-sent copy of this run's message carries (ours included)."""
     headers = dict(request.headers or {})
+    headers.pop(RATE_HEADER, None)  # a start slot serves one run, once
     for name in _OURS:
         value = header(request, name)
         if value is not None:

@@ -8,7 +8,10 @@ Three groups:
   and may also be given per call (``apply_async(redislock={...})``);
 - unique-job options (:data:`celery_redislock.unique.policy.OPTIONS`):
   ``unique``, ``unique_key``, ``unique_ttl``, ``on_duplicate``, ``debounce``,
-  ``throttle``; all but ``unique_key`` may be given per call too.
+  ``throttle``; all but ``unique_key`` may be given per call too;
+- rate-limit options (``RATE_OPTIONS``): ``global_rate_limit``,
+  ``rate_limit_key``, ``rate_limit_group`` (the same for every call) and
+  ``on_rate_limited`` (a run-time option).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..unique import policy as unique_policy
 __all__ = [
     "CALL_OPTIONS",
     "OPTIONS",
+    "RATE_OPTIONS",
     "SHAPE_OPTIONS",
     "VALID",
     "check_call_options",
@@ -47,13 +51,17 @@ OPTIONS = {
     "lock_wait_fallback": "lock_wait_fallback",
     "lock_on_redis_error": "on_redis_error",
     "lock_redis_error_retries": "redis_error_retries",
+    "on_rate_limited": "on_rate_limited",
 }
+
+#: Options that shape a task's rate limit (the same for every call).
+RATE_OPTIONS = ("global_rate_limit", "rate_limit_key", "rate_limit_group")
 
 #: Options that may be given per call.
 CALL_OPTIONS = (*OPTIONS, *unique_policy.CALL_OPTIONS)
 
 #: Every option name a task class or a ``redislock_tasks`` pattern may set.
-VALID = (*SHAPE_OPTIONS, *OPTIONS, *unique_policy.OPTIONS)
+VALID = (*SHAPE_OPTIONS, *RATE_OPTIONS, *OPTIONS, *unique_policy.OPTIONS)
 
 
 def check_run_option(option: str, value: Any, where: str) -> None:
@@ -92,7 +100,7 @@ def check_option_names(cls: Any, task_name: str) -> None:
     for key, value in cls.__dict__.items():
         if key.startswith("_") or key in VALID or _defined_in_body(cls, value):
             continue
-        looks_ours = key.startswith(("lock_", "redislock_", "unique_")) or (
+        looks_ours = key.startswith(("lock_", "redislock_", "unique_", "rate_limit_")) or (
             not any(key in k.__dict__ for k in Task.__mro__)  # (no getattr: some warn)
             and _spelling.closest(key, VALID, cutoff=0.8) is not None
         )

@@ -31,6 +31,7 @@ __all__ = [
     "end_without_running",
     "parked",
     "retry_later",
+    "unreachable",
 ]
 
 logger = logging.getLogger("celery_redislock")
@@ -260,3 +261,22 @@ def parked(task: Any, request: Any, prim: Primitive) -> None:
     parked_state.mark_parked(task, request, prim, holder)
     outcome(task, request, prim, "park", "parked until it is released", logging.INFO)
     raise Parked(f"parked behind task {holder}")
+
+
+def unreachable(task: Any, request: Any, name: str, exc: BackendUnavailable) -> None:
+    """The lock store could not be reached for ``name``: apply
+    ``lock_on_redis_error`` (returns only for ``"run"``: the run goes on)."""
+    policy = task.lock_option("lock_on_redis_error", request)
+    logger.error(
+        "%s[%s]: lock store unreachable for %r (lock_on_redis_error=%s): %s",
+        task.name,
+        request.id,
+        name,
+        policy,
+        exc,
+    )
+    if policy == "run":
+        return
+    if policy == "retry" and not request.is_eager:
+        retry_later(task, request, exc)
+    raise exc

@@ -19,7 +19,7 @@ from kombu.utils.imports import symbol_by_name
 from .. import _validate, config
 from ..exceptions import LockContended
 from ..unique import policy as unique_policy
-from . import options, targets
+from . import options, rate_stage, targets
 from .lock_keys import KeySpec
 
 __all__ = ["prepare"]
@@ -55,10 +55,16 @@ def prepare(cls: Any, name: str, base: Any) -> None:
         else None
     ) or None
     targets.check_options(name, cls.semaphore, cls.concurrency_group, cls.lock_mode, groups)
+    rate_limits = config.settings_for(app).rate_limits if app is not None else None
+    rate_stage.check_options(cls, name, rate_limits)
     unique_values = {o: getattr(cls, o) for o in unique_policy.OPTIONS}
     unique_policy.check_combination(name, unique_values)
     cls._redislock_unique = any(
         unique_values[o] is not None for o in ("unique", "debounce", "throttle")
+    )
+    cls._redislock_rated = cls._redislock_rate is not None or cls.rate_limit_group is not None
+    cls._redislock_locks = not cls._redislock_rated or (
+        cls._redislock_unique or any(getattr(cls, o) is not None for o in options.SHAPE_OPTIONS)
     )
     unique_policy.check_guard(
         name,
@@ -75,7 +81,7 @@ def prepare(cls: Any, name: str, base: Any) -> None:
         # A subclass's after_return may not call super(); the run's release
         # is settled after it either way (settling twice does nothing).
         cls.after_return = _settling(cls.__dict__["after_return"])
-    if any(k in cls.__dict__ for k in ("run", "lock_key", "unique_key")):
+    if any(k in cls.__dict__ for k in ("run", "lock_key", "unique_key", "rate_limit_key")):
         # Celery stores run as a staticmethod unless bind=True; a plain
         # function (bind=True, or a class-based task) takes the task first.
         raw = inspect.getattr_static(cls, "run")
@@ -85,6 +91,11 @@ def prepare(cls: Any, name: str, base: Any) -> None:
             cls._redislock_keyspec
             if cls.unique_key is None
             else KeySpec(name, cls.run, cls.unique_key, bound=bound, option="unique_key")
+        )
+        cls._redislock_rate_keyspec = (
+            None
+            if cls.rate_limit_key is None
+            else KeySpec(name, cls.run, cls.rate_limit_key, bound=bound, option="rate_limit_key")
         )
 
 
