@@ -63,12 +63,12 @@ def five(self, tag: str, seq: int = 0, duration: float = 0.0):
 
 @app.task(name="r.group_a", base=LockedTask, bind=True, rate_limit_group="shared")
 def group_a(self, tag: str, seq: int = 0):
-    return started(self, tag, seq=seq, task="a")
+    return started(self, tag, seq=seq, which="a")
 
 
 @app.task(name="r.group_b", base=LockedTask, bind=True, rate_limit_group="shared")
 def group_b(self, tag: str, seq: int = 0):
-    return started(self, tag, seq=seq, task="b")
+    return started(self, tag, seq=seq, which="b")
 
 
 @app.task(
