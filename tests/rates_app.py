@@ -43,7 +43,13 @@ def _delivered(sender=None, task_id=None, task=None, **_: object) -> None:
     if isinstance(tag, str):
         recorder().rpush(
             f"deliveries:{tag}",
-            json.dumps({"id": task_id, "hop": headers.get("redislock_rate_slot")}),
+            json.dumps(
+                {
+                    "id": task_id,
+                    "hop": headers.get("redislock_rate_slot"),
+                    "worker": task.request.hostname,
+                }
+            ),
         )
 
 
@@ -59,6 +65,11 @@ def started(task, tag: str, duration: float = 0.0, **extra: object) -> float:
 @app.task(name="r.five", base=LockedTask, bind=True, global_rate_limit="5/s")
 def five(self, tag: str, seq: int = 0, duration: float = 0.0):
     return started(self, tag, duration, seq=seq)
+
+
+@app.task(name="r.one", base=LockedTask, bind=True, global_rate_limit="1/s")
+def one(self, tag: str, seq: int = 0):
+    return started(self, tag, seq=seq)
 
 
 @app.task(name="r.group_a", base=LockedTask, bind=True, rate_limit_group="shared")
