@@ -1,13 +1,14 @@
 """Rates: how many starts per period, parsed once, and the slot calls of the
 generic cell rate algorithm (``lua/rate_acquire.lua``), sans I/O.
 
-A rate is Celery's rate string (``"10/s"``, ``"100/m"``, ``"1000/h"``) or a
-number of permits per second.  A :class:`Rate` spaces starts one
-``interval`` apart; ``burst`` starts may come at once, so in any period of a
-second at most ``per_second + burst`` start (``burst=1``: the steady spacing
-alone, one more only at the window's very edge).  The state is one key per
-limit, holding the theoretical arrival time of the next start on the
-server's clock; it expires as soon as nothing is owed.
+A rate is Celery's rate string (``"10/s"``, ``"100/m"``, ``"1000/h"``, or
+``"10"``: so many a second) or a number of permits per second.  A
+:class:`Rate` spaces starts one ``interval`` apart; ``burst`` starts may come
+at once, so in any period of a second at most ``per_second + burst`` start
+(``burst=1``: the steady spacing alone, one more only at the window's very
+edge).  The state is one key per limit, holding the theoretical arrival
+time of the next start on the server's clock; it expires as soon as nothing
+is owed.
 """
 
 from __future__ import annotations
@@ -18,12 +19,24 @@ from typing import Any, NamedTuple
 from ..exceptions import ConfigurationError
 from .protocol import Call
 
-__all__ = ["MAX_PER_SECOND", "PERIODS", "Rate", "Slot", "parse_slot", "rate", "slot_call"]
+__all__ = [
+    "MAX_PER_SECOND",
+    "MIN_PER_SECOND",
+    "PERIODS",
+    "Rate",
+    "Slot",
+    "parse_slot",
+    "rate",
+    "slot_call",
+]
 
 #: Seconds in each period a rate string may name.
 PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: The fastest rate: one start per microsecond, the script's resolution.
 MAX_PER_SECOND = 1_000_000.0
+#: The slowest rate: one start a year.  Slower ones would push the script's
+#: times past what a double holds exactly, and its expiry past what Redis takes.
+MIN_PER_SECOND = 1.0 / (365 * 86400.0)
 
 
 class Rate(NamedTuple):
@@ -48,8 +61,8 @@ class Rate(NamedTuple):
 
 
 def rate(value: Any, what: str, burst: Any = 1) -> Rate:
-    """Parse ``value`` (``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"`` or a number
-    of permits per second) and ``burst``; ``what`` names them in the error."""
+    """Parse ``value`` (``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"``, ``"N"`` or a
+    number of permits per second) and ``burst``; ``what`` names them in the error."""
     if isinstance(value, Rate):
         return value
     per_second = _per_second(value, what)
@@ -70,8 +83,10 @@ def _per_second(value: Any, what: str) -> float:
         raise ConfigurationError(f"{what} must be {expected}")
     if isinstance(value, (int, float)):
         number, period = float(value), 1.0
-    elif isinstance(value, str) and value.count("/") == 1:
-        count, unit = (part.strip() for part in value.split("/"))
+    elif isinstance(value, str) and value.count("/") <= 1:
+        # Celery reads a bare number ("10") as so many a second.
+        count, slash, unit = (part.strip() for part in value.partition("/"))
+        unit = unit if slash else "s"
         if unit not in PERIODS:
             raise ConfigurationError(f"{what} must be {expected}")
         try:
@@ -87,6 +102,8 @@ def _per_second(value: Any, what: str) -> float:
         raise ConfigurationError(
             f"{what}: at most {MAX_PER_SECOND:g} starts a second, got {value!r}"
         )
+    if per_second < MIN_PER_SECOND:
+        raise ConfigurationError(f"{what}: at least one start a year, got {value!r}")
     return per_second
 
 
