@@ -87,6 +87,14 @@ def publish_twice(job: str, tag: str) -> list[str]:
     return [unique.delay(job, tag, 0.3).id for _ in range(2)]
 
 
+@app.task(
+    name="m.rate", base=LockedTask, global_rate_limit="1/m", on_rate_limited="fail"
+)
+def rate(tag: str) -> str:
+    """One start a minute: a second run within it fails with RateLimited."""
+    return tag
+
+
 @app.task(name="m.lose", base=LockedTask, lock_key=["job"], lock_ttl=1.0)
 def lose(job: str, tag: str) -> str:
     """Deletes its own lock: renewal (every third of the lease) finds it gone,

@@ -5,7 +5,7 @@ The worker (tests.metrics_app, three pool processes) serves
 multiprocess mode (a PROMETHEUS_MULTIPROC_DIR under tmp_path); its pool
 processes record.  A known workload runs (acquires, runs skipped behind a
 held lock, semaphore and read-write lock, runs parked and re-published, a
-duplicate refused at publish, a lease lost) and the scrape must show exactly
+duplicate refused at publish, a lease lost, a run over its rate limit) and the scrape must show exactly
 those counts, with histogram counts matching the runs that acquired and
 released.
 """
@@ -25,7 +25,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_redislock.exceptions import TaskSkipped
+from celery_redislock.exceptions import RateLimited, TaskSkipped
 from tests.helpers import wait_until
 from tests.integration.task_helpers import start_worker, uniq, wait_runs
 from tests.workers import Worker
@@ -96,6 +96,12 @@ def test_a_prefork_worker_serves_exact_counts_of_a_known_workload(
     assert f"celery_redislock: metrics on http://127.0.0.1:{port}/metrics" in w.output()
     assert f"PROMETHEUS_MULTIPROC_DIR={multiproc}" in w.output()
     assert counters(scrape(port)) == {}
+
+    # A rate limit of one start a minute: the second run fails, counted.
+    tag = uniq("rate")
+    assert mapp.rate.delay(tag).get(timeout=10) == tag
+    with pytest.raises(RateLimited):
+        mapp.rate.delay(tag).get(timeout=10)
 
     # A lease lost while held, reported by renewal and again by the release
     # (first: that release is settled long before the scrape).
@@ -169,6 +175,7 @@ def test_a_prefork_worker_serves_exact_counts_of_a_known_workload(
         ("celery_redislock_acquired_total", labels(task="m.unique", **lock)): 1.0,
         ("celery_redislock_acquired_total", labels(task="m.lose", **lock)): 1.0,
         ("celery_redislock_lost_total", labels(task="m.lose", **lock)): 1.0,
+        ("celery_redislock_rate_limited_total", labels(task="m.rate", policy="fail")): 1.0,
     }
     acquired = {k[1]: v for k, v in expected.items() if k[0] == "celery_redislock_acquired_total"}
     released = {k: v for k, v in acquired.items() if dict(k)["task"] != "m.lose"}

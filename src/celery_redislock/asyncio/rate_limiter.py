@@ -42,6 +42,8 @@ class RateLimiter:
         until then.  With ``timeout``, a slot further away than that is not
         taken and False comes back at once.  A cancelled sleep spends its slot."""
         if timeout is not None:
+            if not blocking:
+                raise ValueError("can't specify a timeout for a non-blocking acquire")
             _validate.check_seconds(timeout, f"timeout of {self.noun} {self.name!r}")
         slot = await self.take(0.0 if not blocking else timeout)
         if slot.taken and slot.delay > 0:

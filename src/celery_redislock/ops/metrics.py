@@ -80,6 +80,7 @@ _RECEIVERS = (
     ("lock_released", "on_released"),
     ("lock_lost", "on_lost"),
     ("task_duplicate", "on_duplicate"),
+    ("rate_limited", "on_rate_limited"),
 )
 
 
@@ -106,7 +107,9 @@ class Metrics:
             "Task runs that found their lock held, by the contention policy applied.",
             (*LABELS, "policy"),
         )
-        self.skipped = counter("skipped", "Task runs dropped by on_contention=skip.")
+        self.skipped = counter(
+            "skipped", "Task runs dropped by skip (on_contention or on_rate_limited)."
+        )
         self.parked = counter("parked", "Task runs parked in Redis behind a holder.")
         self.republished = counter(
             "republished", "Parked runs re-published once granted their lock."
@@ -116,6 +119,11 @@ class Metrics:
             "duplicates",
             "Publishes of a unique job that met a job holding its key, by what was done.",
             ("task", "action"),
+        )
+        self.rate_limited = counter(
+            "rate_limited",
+            "Task runs that found no start free under their rate limit, by on_rate_limited.",
+            ("task", "policy"),
         )
         self.wait = histogram(
             "wait_seconds", "Seconds a run waited for its lock (a parked run: since its publish)."
@@ -186,6 +194,9 @@ class Metrics:
         if not kind:  # a bare primitive: its own kind
             kind = _kind_of_primitive(lock)
         self.lost.labels(name, kind).inc()
+
+    def on_rate_limited(self, sender: Any = None, policy: str = "", **_: Any) -> None:
+        self.rate_limited.labels(getattr(sender, "name", "") or "", policy).inc()
 
     def on_duplicate(self, sender: Any = None, action: str = "", **_: Any) -> None:
         name = sender if isinstance(sender, str) else getattr(sender, "name", "")
