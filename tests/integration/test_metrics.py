@@ -5,8 +5,8 @@ The worker (tests.metrics_app, three pool processes) serves
 multiprocess mode (a PROMETHEUS_MULTIPROC_DIR under tmp_path); its pool
 processes record.  A known workload runs (acquires, runs skipped behind a
 held lock, semaphore and read-write lock, runs parked and re-published, a
-duplicate refused at publish, a lease lost, a run over its rate limit) and the scrape must show exactly
-those counts, with histogram counts matching the runs that acquired and
+duplicate refused at publish, a lease lost, a run over its rate limit) and
+the scrape must show exactly those counts, with histogram counts matching the runs that acquired and
 released.
 """
 

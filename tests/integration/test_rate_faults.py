@@ -30,6 +30,7 @@ import redis
 
 from celery_redislock import config
 from celery_redislock.testing.server import RedisServer
+from tests.helpers import wait_until
 from tests.integration.task_helpers import (
     base_of,
     flush_state,
@@ -141,6 +142,14 @@ def test_a_slot_beyond_the_visibility_timeout_is_reached_in_hops(
 def test_a_lock_store_restart_loses_no_deferred_run(
     app: Any, rec: redis.Redis, store: RedisServer, workers: list[Worker]
 ) -> None:
+    # The worker said so as it started (from a thread of its own): the store
+    # keeps no data on disk.
+    said = wait_until(
+        lambda: "the state of the rate limits of tasks" in workers[0].output(),
+        timeout=10,
+        what="the durability warning",
+    )
+    assert said and "r.five" in workers[0].output()
     tag = uniq("restart")
     n = 12
     results = [send(app, "r.five", tag, i) for i in range(n)]
