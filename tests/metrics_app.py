@@ -87,9 +87,7 @@ def publish_twice(job: str, tag: str) -> list[str]:
     return [unique.delay(job, tag, 0.3).id for _ in range(2)]
 
 
-@app.task(
-    name="m.rate", base=LockedTask, global_rate_limit="1/m", on_rate_limited="fail"
-)
+@app.task(name="m.rate", base=LockedTask, global_rate_limit="1/m", on_rate_limited="fail")
 def rate(tag: str) -> str:
     """One start a minute: a second run within it fails with RateLimited."""
     return tag
