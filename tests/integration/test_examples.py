@@ -37,7 +37,7 @@ def test_the_demo_passes_every_check_and_prints_its_figures() -> None:
     done = run_demo("-m", "celery_redislock.demo")
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
-    assert "FAIL" not in out and "all 7 checks passed" in out, out
+    assert "FAIL" not in out and "all 8 checks passed" in out, out
     assert "ok   retry: 4 of 4 runs ran; one user's runs overlapped at most 1 at a time" in out
     assert "ok   skip: 1 of 5 duplicate runs ran (4 skipped with TaskSkipped)" in out
     assert (

@@ -59,6 +59,13 @@ def starts(events: Iterable[dict[str, Any]], field: str = "n") -> list[Any]:
     return [e.get(field) for e in events if e["event"] == "start"]
 
 
+def busiest_second(times: Sequence[float]) -> int:
+    """The most of ``times`` (sorted) within any one second, both ends included."""
+    return max(
+        (sum(1 for t in times[i:] if t <= at + 1.0) for i, at in enumerate(times)), default=0
+    )
+
+
 # -- the checks -------------------------------------------------------------------------
 
 
@@ -123,6 +130,20 @@ def unique(publishes: int, messages: int, jobs: int, runs: int) -> Check:
         messages == 1 and jobs == 1 and runs == 1,
         f"{publishes} publishes sent {messages} message(s): {jobs} job, {runs} run",
         f"{publishes} publishes to send 1 message and run once",
+    )
+
+
+def rate(ran: int, sent: int, busiest: int, per_second: int, deferred: Sequence[str]) -> Check:
+    """``busiest``: the most runs that started within one second; ``deferred``:
+    the task ids a ``rate_limited`` signal deferred (each once at most)."""
+    once = len(deferred) == len(set(deferred))
+    return Check(
+        "rate",
+        ran == sent and busiest <= per_second + 1 and once,
+        f"{ran} of {sent} runs ran, at most {busiest} in any second; {len(deferred)} "
+        f"deferred, {'each once' if once else 'some more than once'}",
+        f"all {sent} to run, at most {per_second} a second (+1 at the edge), "
+        "a deferred run sent once more",
     )
 
 

@@ -132,8 +132,20 @@ def unique(r: redis.Redis, n: int = 5) -> checks.Check:
     return checks.unique(n, len(sent), len(jobs), runs)
 
 
+def rate(r: redis.Redis, n: int = 8, per_second: int = 4) -> checks.Check:
+    print(f'\n7) rate: notify, global_rate_limit="{per_second}/s", on_rate_limited="defer"')
+    print(f"   {n} x notify() at once, on 4 worker processes")
+    results = [tasks.notify.delay(i) for i in range(n)]
+    for res in results:
+        res.get(timeout=TIMEOUT)
+    seen = of(r, tasks.notify, {res.id for res in results})
+    times = sorted(e["at"] for e in seen if e["event"] == "start")
+    deferred = [e["id"] for e in seen if e["event"] == "rate limited"]
+    return checks.rate(len(times), n, checks.busiest_second(times), per_second, deferred)
+
+
 def operating(r: redis.Redis) -> checks.Check:
-    print("\n7) operating: find a stuck lock, and free it")
+    print("\n8) operating: find a stuck lock, and free it")
     print("   rebuild_report runs on and on; `ls` names its holder, `release` frees it")
     stuck = tasks.rebuild_report.delay(until="demo:go")
     run = wait_for("the stuck rebuild_report to start", lambda: started(r, stuck.id))
@@ -179,4 +191,4 @@ def indent(text: str) -> str:
     return "\n".join("   " + line for line in text.splitlines())
 
 
-ALL = (retry, skip, park, semaphore, fence, unique, operating)
+ALL = (retry, skip, park, semaphore, fence, unique, rate, operating)

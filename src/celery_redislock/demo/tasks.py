@@ -9,6 +9,8 @@
 - ``set_balance(account, balance)``: a write checked against the lock's fencing token.
 - ``refresh_feed(feed)``: a unique job: publishing it again while it waits or runs
   sends nothing.
+- ``notify(n)``: at most four starts a second across every worker; the rest are
+  deferred, each to a slot of its own.
 
 Every body records its start and end (``records.note``); the lock's signals record
 contentions and lost leases.  Run your own worker on them with
@@ -101,8 +103,18 @@ def refresh_feed(self: Any, feed: str) -> str:
     return f"feed {feed} refreshed"
 
 
+@task(base=LockedTask, bind=True, name="demo.notify", global_rate_limit="4/s")
+def notify(self: Any, n: int) -> str:
+    _run(self, 0.0, n=n)
+    return f"notification {n} sent"
+
+
 def _contended(sender: Any = None, request: Any = None, holder: Any = None, **kw: Any) -> None:
     note("contended", task=sender.name, id=request.id, holder=holder, policy=kw.get("policy"))
+
+
+def _rate_limited(sender: Any = None, request: Any = None, **kw: Any) -> None:
+    note("rate limited", task=sender.name, id=request.id, delay=kw.get("delay"))
 
 
 def _lost(sender: Any = None, key: str = "", reason: str = "", **kw: Any) -> None:
@@ -111,3 +123,4 @@ def _lost(sender: Any = None, key: str = "", reason: str = "", **kw: Any) -> Non
 
 signals.lock_contended.connect(_contended, weak=False, dispatch_uid="redislock-demo-contended")
 signals.lock_lost.connect(_lost, weak=False, dispatch_uid="redislock-demo-lost")
+signals.rate_limited.connect(_rate_limited, weak=False, dispatch_uid="redislock-demo-rate-limited")
