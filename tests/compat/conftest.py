@@ -85,8 +85,14 @@ def peer_classes(flavour: str) -> SimpleNamespace:
     singleton = pytest.importorskip("celery_singleton", reason="celery-singleton is not installed")
     # The originals cache one client per process (the first app's URL);
     # each test's app gets its own.
-    importlib.import_module("celery_once.backends.redis").redis = None
-    importlib.import_module("celery_singleton.backends")._backend = None
+    once_redis = importlib.import_module("celery_once.backends.redis")
+    singleton_backends = importlib.import_module("celery_singleton.backends")
+    if once_redis.redis is not None:
+        once_redis.redis.close()
+        once_redis.redis = None
+    if singleton_backends._backend is not None:
+        singleton_backends._backend.redis.close()
+        singleton_backends._backend = None
     return SimpleNamespace(
         QueueOnce=once.QueueOnce,
         AlreadyQueued=once.AlreadyQueued,
