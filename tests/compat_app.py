@@ -104,6 +104,10 @@ def define(flavour: str, peer: SimpleNamespace) -> SimpleNamespace:
     def once_sleep(self: Any, job: str, tag: str, duration: float = 0.0) -> str:
         return body(self, tag, duration)
 
+    @task("once_plain", base=peer.QueueOnce, bind=True, once={"keys": ["job"]})
+    def once_plain(self: Any, job: str, tag: str, duration: float = 0.0) -> str:
+        return body(self, tag, duration)
+
     @task(
         "once_ubr",
         base=peer.QueueOnce,
