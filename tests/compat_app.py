@@ -71,8 +71,8 @@ class Flaky(Exception):
 def originals() -> Optional[SimpleNamespace]:
     """celery-once and celery-singleton, when both are installed."""
     try:
-        import celery_once  # noqa: PLC0415
-        import celery_singleton  # noqa: PLC0415
+        import celery_once
+        import celery_singleton
     except ImportError:
         return None
     return SimpleNamespace(
@@ -128,6 +128,12 @@ def define(flavour: str, peer: SimpleNamespace) -> SimpleNamespace:
 
     @task("single", base=peer.Singleton, bind=True, unique_on=["job"])
     def single(self: Any, job: str, tag: str, duration: float = 0.0) -> str:
+        return body(self, tag, duration)
+
+    @task(
+        "single_started", base=peer.Singleton, bind=True, unique_on=["job"], unique="until_started"
+    )
+    def single_started(self: Any, job: str, tag: str, duration: float = 0.0) -> str:
         return body(self, tag, duration)
 
     @task("single_expiry", base=peer.Singleton, bind=True, unique_on=["job"], lock_expiry=1)

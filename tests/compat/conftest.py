@@ -50,7 +50,7 @@ def compat_app(redis_base: str) -> ModuleType:
             else:
                 os.environ["REDISLOCK_TEST_REDIS"] = old
     module = sys.modules["tests.compat_app"]
-    assert module.BASE == redis_base, "tests.compat_app was imported for another Redis"
+    assert redis_base == module.BASE, "tests.compat_app was imported for another Redis"
     return module
 
 
@@ -72,7 +72,7 @@ def store(redis_base: str) -> Iterator[redis.Redis]:
 def peer_classes(flavour: str) -> SimpleNamespace:
     """The five public names, from the shims or from the originals."""
     if flavour == "shim":
-        from celery_redislock import compat  # noqa: PLC0415
+        from celery_redislock import compat
 
         return SimpleNamespace(
             QueueOnce=compat.QueueOnce,

@@ -57,9 +57,9 @@ def test__apply_async_fails__lock_cleared(make_app: Any, peer: SimpleNamespace) 
     """tests/test_singleton.py::TestSimpleTask::test__apply_async_fails__lock_cleared:
     a publish whose send fails leaves the key free (the next publish is sent)."""
     simple_task = simple(make_app(), peer)
-    with mock.patch.object(BaseTask, "apply_async", side_effect=Exception("Apply async error")):
-        with pytest.raises(Exception, match="Apply async error"):
-            simple_task.apply_async(args=[1, 2, 3])
+    failing = mock.patch.object(BaseTask, "apply_async", side_effect=Exception("Apply async error"))
+    with failing, pytest.raises(Exception, match="Apply async error"):
+        simple_task.apply_async(args=[1, 2, 3])
     first = simple_task.apply_async(args=[1, 2, 3])
     assert simple_task.apply_async(args=[1, 2, 3]) == first  # (and that one holds it)
 
@@ -67,9 +67,9 @@ def test__apply_async_fails__lock_cleared(make_app: Any, peer: SimpleNamespace) 
 def test__apply_async_fails__exception_reraised(make_app: Any, peer: SimpleNamespace) -> None:
     """tests/test_singleton.py::TestSimpleTask::test__apply_async_fails__exception_reraised"""
     simple_task = simple(make_app(), peer)
-    with mock.patch.object(BaseTask, "apply_async", side_effect=ExpectedTaskFail("error")):
-        with pytest.raises(ExpectedTaskFail):
-            simple_task.apply_async(args=[1, 2, 3])
+    failing = mock.patch.object(BaseTask, "apply_async", side_effect=ExpectedTaskFail("error"))
+    with failing, pytest.raises(ExpectedTaskFail):
+        simple_task.apply_async(args=[1, 2, 3])
 
 
 def test__raise_on_duplicate__raises_duplicate_error(make_app: Any, peer: SimpleNamespace) -> None:

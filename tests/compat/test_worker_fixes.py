@@ -384,3 +384,17 @@ def test_unlock_before_run_keeps_one_running_and_one_queued(
     wait_until(lambda: len(runs(rec, tag)) == 2, 10, what="both runs")
     a, b = runs(rec, tag)
     assert (a["id"], b["id"]) == (first.id, second) and b["start"] >= a["end"]
+
+
+@pytest.mark.parametrize("flavour", bug("celery-singleton #3: no release as the run starts"))
+def test_singleton_until_started(
+    worker: Worker, compat_app: ModuleType, rec: redis.Redis, flavour: str
+) -> None:
+    """A Singleton task with ``unique="until_started"`` frees its key as its run
+    starts (the original has no such option: it keeps the key until the end)."""
+    task = tasks_of(compat_app, flavour).single_started
+    job, tag = uniq("st"), uniq("st")
+    first = task.delay(job, tag, 0.8)
+    started(rec, tag)
+    second = publish(task, job, tag, 0.0)
+    assert second is not None and second != first.id

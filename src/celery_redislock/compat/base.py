@@ -39,9 +39,9 @@ def follow_store(app: Any, url: Optional[str], setting: str) -> None:
     """Make ``url`` (named by the peer's ``setting``) the app's lock store,
     unless ``redislock_url`` or ``redislock_client`` names one: those win."""
     conf = app.conf
-    if not url or conf.get("redislock_url") or conf.get("redislock_client"):
-        return
     current = _followed.get(app)
+    if not url or (current is None and (conf.get("redislock_url") or conf.get("redislock_client"))):
+        return
     if current is not None:
         if current[0] != url:
             raise ConfigurationError(

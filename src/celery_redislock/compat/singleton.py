@@ -65,7 +65,9 @@ class Singleton(PeerTask):
     def _translate(cls, own: dict[str, Any]) -> None:
         name = cls.__dict__.get("name") or cls.__qualname__
         where = f"task {name!r}: option"
-        expiry = timeout_of(own.get("lock_expiry", getattr(cls, "lock_expiry", None)), f"{where} lock_expiry")
+        expiry = timeout_of(
+            own.get("lock_expiry", getattr(cls, "lock_expiry", None)), f"{where} lock_expiry"
+        )
         if expiry is not None and "unique_ttl" not in cls.__dict__:
             cls.unique_ttl = expiry
         raise_on = own.get("raise_on_duplicate")
