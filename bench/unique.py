@@ -6,6 +6,8 @@ the queue) and measures, in one run, ``apply_async`` of:
 
 * celery_redislock, ``LockedTask`` with ``unique="until_finished"`` (skipped,
   with a note, when the installed version has no unique jobs);
+* the shims of :mod:`celery_redislock.compat` (``QueueOnce``, ``Singleton``),
+  configured as the originals below are;
 * celery-once (``QueueOnce``, its Redis backend, its defaults: a duplicate
   raises ``AlreadyQueued``);
 * celery-singleton (``Singleton``: a duplicate returns the first task's id);
@@ -260,6 +262,44 @@ def _ours(app: Any, lock_url: str) -> tuple[Optional[Contender], str]:
     return c, ""
 
 
+def _shims(app: Any) -> tuple[list[Contender], str]:
+    """celery_redislock.compat's QueueOnce and Singleton (one changed import),
+    configured as the two originals below are; or why they could not be set up."""
+    try:
+        from celery_redislock.compat import AlreadyQueued, DuplicateTaskError, QueueOnce, Singleton
+        from celery_redislock.config import client_for
+    except ImportError as exc:
+        return [], f"celery_redislock has no compat shims here ({exc})"
+
+    @app.task(name="bench.unique.shim_once", base=QueueOnce, shared=False)
+    def shim_once(key: str) -> str:
+        return key
+
+    @app.task(name="bench.unique.shim_singleton", base=Singleton, shared=False)
+    def shim_singleton(key: str) -> str:
+        return key
+
+    client = instrument(client_for(app), "celery_redislock")
+    return [
+        Contender(
+            "celery_redislock.compat QueueOnce",
+            publisher(shim_once),
+            [client],
+            note="the shim: LockedTask with unique='until_finished', on_duplicate='raise', "
+            "the key's deadline in a header; a duplicate raises the shim's AlreadyQueued",
+            duplicate_errors=(AlreadyQueued,),
+        ),
+        Contender(
+            "celery_redislock.compat Singleton",
+            publisher(shim_singleton),
+            [client],
+            note="the shim: LockedTask with unique='until_finished'; a duplicate returns "
+            "the first task's AsyncResult",
+            duplicate_errors=(DuplicateTaskError,),
+        ),
+    ], ""
+
+
 def _celery_once(app: Any, lock_url: str) -> Contender:
     import celery_once.backends.redis as once_redis
     from celery_once import AlreadyQueued, QueueOnce
@@ -506,6 +546,10 @@ def contenders(app: Any) -> tuple[list[Contender], list[str]]:
         notes.append(why)
     else:
         rows.append(ours)
+    shims, why = _shims(app)
+    if why:
+        notes.append(why)
+    rows += shims
     rows += [
         _celery_once(app, lock_url),
         _celery_singleton(app, lock_url),
