@@ -180,6 +180,26 @@ def test_a_rate_and_a_lock_both_hold(app: Any, rec: redis.Redis, workers: list[W
     assert fences == sorted(fences)
 
 
+def evalsha_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+def test_a_locked_run_takes_its_start_with_its_lock_in_one_call(
+    app: Any, redis_url: str, workers: list[Worker]
+) -> None:
+    server = redis.Redis.from_url(redis_url)
+    send(app, "r.locked", uniq("warm"), "warm", 0, 0.0).get(timeout=10)
+    time.sleep(0.25)
+    before = evalsha_calls(server)
+    for i in range(4):  # one at a time, each within the rate: none over it
+        send(app, "r.locked", uniq("trips"), f"job-{i}", i, 0.0).get(timeout=10)
+        time.sleep(0.25)
+    # Per run: the acquire (carrying the start) and the release; nothing else.
+    assert evalsha_calls(server) - before == 4 * 2
+    server.close()
+
+
 def test_a_rate_alone_takes_no_lock(app: Any, rec: redis.Redis, workers: list[Worker]) -> None:
     tag = uniq("nolock")
     results = [send(app, "r.five", tag, i, 1.0) for i in range(3)]

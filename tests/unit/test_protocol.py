@@ -17,11 +17,13 @@ from celery_redislock.primitives.protocol import (
     Call,
     Duplicate,
     Granted,
+    OverRate,
     Queued,
     Recovered,
     Released,
     Superseded,
 )
+from celery_redislock.primitives.rates import Start, rate
 
 LOCK = keys.lock_keys("p", "name")
 SEM = keys.multi_keys("p", "name", Kind.SEMAPHORE)
@@ -138,6 +140,21 @@ def test_a_semaphore_acquire_sends_mode_and_limit_then_the_claim() -> None:
     assert full[10:] == ["r", 0, claim.text]
 
 
+def test_a_start_under_a_rate_limit_rides_before_the_claim() -> None:
+    start = Start(keys.rate_key("p", "name"), rate("4/s", "test"))
+    claim = Claim()
+    call = protocol.acquire(Kind.LOCK, LOCK, "tok", 1000, 0, 5000, claim=claim, start=start)
+    # KEYS[7] the rate key, KEYS[8] the claim; the start's argument last but the claim's.
+    assert call.keys == [*LOCK.script_keys, start.key, claim.key]
+    assert call.args == [
+        *["tok", 1000, 0, LOCK.wake, GRACE_MS, 5000, "", DEFAULT_RESERVE_MS, 0, ""],
+        *["rate:250000.0:1", claim.text],
+    ]
+    alone = protocol.acquire(Kind.LOCK, LOCK, "tok", 1000, 0, 5000, start=start)
+    assert alone.keys == [*LOCK.script_keys, start.key]
+    assert alone.args[-1] == "rate:250000.0:1"
+
+
 @pytest.mark.parametrize(
     ("options", "tail"),
     [
@@ -199,6 +216,8 @@ def test_acquire_replies() -> None:
     assert protocol.parse_acquire([-1, 0, b"", 5, b"t", b"p"]) == Duplicate([("t", b"p")])
     # {-2, 0, job, 0}
     assert protocol.parse_acquire([-2, 0, b"job-2", 0]) == Superseded("job-2", [])
+    # {-3, µs until a start is free, '', 0}
+    assert protocol.parse_acquire([-3, 250000, b"", 0]) == OverRate(0.25, [])
     with pytest.raises(ValueError):
         protocol.parse_acquire([5, 0, b"", 0])
 

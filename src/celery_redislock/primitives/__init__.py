@@ -1,7 +1,8 @@
 """Lock, Semaphore, ReadWriteLock and RateLimiter: the Redis primitives, usable without Celery.
 
 What lives here: the sans-I/O protocol every primitive speaks
-(``protocol.py``: the script calls and their replies; ``kinds.py``: Kind and
+(``protocol.py``: the script calls and their replies, ``results.py``: what
+the replies mean; ``kinds.py``: Kind and
 Mode; ``arguments.py``: the argument checks), the sync driver of it
 (``_core.py`` the state and calls, ``_release.py``, ``_parking.py``,
 ``_primitive.py`` the acquire loop, ``_replicas.py``, ``_errors.py``), the

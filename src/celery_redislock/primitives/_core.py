@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .. import transport
 from . import _errors, _keeper, protocol, scripts
-from .protocol import Handoff, to_ms
+from .protocol import Handoff, Start, to_ms
 from .state import HoldState
 
 if TYPE_CHECKING:
@@ -36,6 +36,11 @@ class Core(HoldState):
     claim: Optional[Claim] = None
     #: The job that superseded the claim's job, when an acquire refused it for that.
     superseded_by: Optional[str] = None
+    #: A start under a rate limit that this object's next acquire that does not
+    #: wait takes with the lock, in the same script call (see rates.py); set
+    #: before acquire.  When none was free: the seconds until one is.
+    start: Optional[Start] = None
+    over_rate_for: Optional[float] = None
 
     def __init__(self, client: Any, name: str, ttl: float = 30.0, **options: Any) -> None:
         super().__init__(client, name, ttl, **options)

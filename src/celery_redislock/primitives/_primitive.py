@@ -27,10 +27,18 @@ from .. import _validate, transport
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotOwned
 from . import _errors, _keeper, _replicas, protocol
 from ._parking import Parking
-from .protocol import FOREVER_MS, Duplicate, Granted, Queued, Superseded, to_ms
+from .protocol import FOREVER_MS, Duplicate, Granted, OverRate, Queued, Superseded, to_ms
 from .tokens import new_token
 
-__all__ = ["DUPLICATE", "HELD", "QUEUED", "SUPERSEDED", "UNREPLICATED", "Primitive"]
+__all__ = [
+    "DUPLICATE",
+    "HELD",
+    "OVER_RATE",
+    "QUEUED",
+    "SUPERSEDED",
+    "UNREPLICATED",
+    "Primitive",
+]
 
 #: What one acquire call did (:meth:`Primitive._attempt`).
 HELD = 1  #: held now
@@ -38,6 +46,7 @@ QUEUED = 0  #: not held: in line, parked, or not waiting at all
 DUPLICATE = -1  #: a parked run's second delivery, its grant already claimed
 SUPERSEDED = -2  #: a claim whose job a newer publish replaced
 UNREPLICATED = -3  #: parked, but the replicas did not acknowledge it: taken back
+OVER_RATE = -4  #: no start free under the rate limit the call carried: nothing taken
 
 #: What :meth:`Primitive.park` returns for each.
 _PARK_STATUS = {
@@ -46,6 +55,7 @@ _PARK_STATUS = {
     DUPLICATE: "duplicate",
     SUPERSEDED: "superseded",
     UNREPLICATED: "unreplicated",
+    OVER_RATE: "over rate",
 }
 #: Consecutive failed waits (the wait connection broke) before acquire gives up.
 _WAIT_FAILURES = 2
@@ -171,7 +181,15 @@ class Primitive(Parking):
         deadline: Optional[float] = None,
     ) -> int:
         """One acquire call: HELD, QUEUED (in line or parked, or not waiting),
-        DUPLICATE, SUPERSEDED (see :attr:`superseded_by`) or UNREPLICATED."""
+        DUPLICATE, SUPERSEDED (see :attr:`superseded_by`), UNREPLICATED or
+        OVER_RATE (see :attr:`over_rate_for`)."""
+        # A call that waits, or a parked run's claim of its grant, never
+        # carries a start: the lock would be granted later, by a release.
+        start = self.start if wait_ms == 0 and not parked_run else None
+        block = None
+        if start is not None:
+            keys = protocol.script_keys(self.keys, self.claim, start)
+            block = transport.KeyBlock(keys, transport.encoding_of(self.client))
         args = protocol.acquire_args(
             self.keys,
             token,
@@ -185,10 +203,16 @@ class Primitive(Parking):
             parked_run=parked_run,
             order_ms=order_ms,
             claim=self.claim,
+            start=start,
         )
         sent = time.monotonic()
         reply = self._call(
-            "acquire", self.kind.scripts.acquire, args, deadline=deadline, replicas=self.replicas
+            "acquire",
+            self.kind.scripts.acquire,
+            args,
+            block=block,
+            deadline=deadline,
+            replicas=self.replicas,
         )
         if self.replicas is not None:
             reply, acked = reply
@@ -218,6 +242,9 @@ class Primitive(Parking):
         if type(result) is Superseded:
             self.superseded_by = result.by
             return SUPERSEDED
+        if type(result) is OverRate:
+            self.over_rate_for = result.delay
+            return OVER_RATE
         assert type(result) is Duplicate
         return DUPLICATE
 

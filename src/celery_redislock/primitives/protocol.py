@@ -10,18 +10,9 @@ the asyncio ones (:mod:`celery_redislock.asyncio`) are two drivers of it,
 sending the same calls to the same keys, so they share names, fences and
 queues, and hand over to each other.
 
-The results:
-
-- :class:`Granted`: held, with the fence of the grant;
-- :class:`Queued`: not held; in line (or parked) behind a holder whose lease
-  has ``holder_ttl_ms`` left;
-- :class:`Duplicate`: a parked run's second delivery, already claimed;
-- :class:`Superseded`: a unique job replaced by a newer publish;
-- :class:`Released`: released (``held``), or found not held (the lease ran out);
-- :class:`Recovered`: a recovery sweep's next check.
-
-Every result of a call that can serve the queue carries ``handoffs``: the
-parked runs (token, payload) that call granted, for their parker to re-publish.
+Its replies parse into the named results of :mod:`.results`: ``Granted``,
+``Queued``, ``Duplicate``, ``Superseded``, ``OverRate``, ``Released`` and
+``Recovered``, each with the parked runs the call granted (``handoffs``).
 """
 
 from __future__ import annotations
@@ -30,6 +21,17 @@ from typing import Any, NamedTuple, Optional, Protocol, Union
 
 from .keys import LockKeys, MultiKeys
 from .kinds import Kind, Mode, Scripts
+from .results import (
+    AcquireResult,
+    Duplicate,
+    Granted,
+    Handoff,
+    OverRate,
+    Queued,
+    Recovered,
+    Released,
+    Superseded,
+)
 
 __all__ = [
     "DEFAULT_RESERVE_MS",
@@ -42,6 +44,7 @@ __all__ = [
     "Handoff",
     "Kind",
     "Mode",
+    "OverRate",
     "Queued",
     "Recovered",
     "Released",
@@ -78,8 +81,6 @@ FOREVER_MS = 2**40
 #: How long a parked entry granted by a script call may take to claim its grant.
 DEFAULT_RESERVE_MS = 10000
 
-#: (token, payload) of a parked entry that a script call granted.
-Handoff = tuple[str, bytes]
 Keys = Union[LockKeys, MultiKeys]
 
 
@@ -92,62 +93,21 @@ class Claim(Protocol):
     def arg(self) -> str: ...
 
 
+class Start(Protocol):
+    """A start under a rate limit carried by a run's acquire (see rates.py):
+    taken only with the lock."""
+
+    @property
+    def key(self) -> str: ...
+    def arg(self) -> str: ...
+
+
 class Call(NamedTuple):
     """One script call: the script's name, its keys and its arguments."""
 
     script: str
     keys: list[str]
     args: list[Any]
-
-
-# -- results ---------------------------------------------------------------------
-
-
-class Granted(NamedTuple):
-    """Held: ``fence`` is the fencing token of this grant."""
-
-    fence: int
-    handoffs: list[Handoff]
-
-
-class Queued(NamedTuple):
-    """Not held: in line (or parked) behind ``holder``, whose lease has
-    ``holder_ttl_ms`` left; ``server_ms`` is the server's clock at the call."""
-
-    holder: str
-    holder_ttl_ms: int
-    server_ms: int
-    handoffs: list[Handoff]
-
-
-class Duplicate(NamedTuple):
-    """A parked run's second delivery: its token had already claimed the grant."""
-
-    handoffs: list[Handoff]
-
-
-class Superseded(NamedTuple):
-    """A unique job that a newer publish replaced (by job ``by``): refused."""
-
-    by: str
-    handoffs: list[Handoff]
-
-
-AcquireResult = Union[Granted, Queued, Duplicate, Superseded]
-
-
-class Released(NamedTuple):
-    """``held``: the caller held it and released it; else its lease had run out."""
-
-    held: bool
-    handoffs: list[Handoff]
-
-
-class Recovered(NamedTuple):
-    """A recovery sweep: when (server ms) to sweep again, -1 when nothing is parked."""
-
-    next_check_ms: int
-    handoffs: list[Handoff]
 
 
 # -- helpers -----------------------------------------------------------------------
@@ -170,9 +130,14 @@ def handoffs(items: Any) -> list[Handoff]:
     return [(decode(items[i]), items[i + 1]) for i in range(0, len(items) - 1, 2)]
 
 
-def script_keys(keys: Keys, claim: Optional[Claim] = None) -> list[str]:
-    """The keys of every acquire, release and cancel call of a primitive."""
+def script_keys(
+    keys: Keys, claim: Optional[Claim] = None, start: Optional[Start] = None
+) -> list[str]:
+    """The keys of every acquire, release and cancel call of a primitive (an
+    acquire carrying a ``start`` has its rate key too)."""
     found = list(keys.script_keys)
+    if start is not None:
+        found.append(start.key)
     if claim is not None:
         found.append(claim.key)
     return found
@@ -202,12 +167,14 @@ def acquire_args(
     parked_run: bool = False,
     order_ms: Optional[float] = None,
     claim: Optional[Claim] = None,
+    start: Optional[Start] = None,
 ) -> list[Any]:
     """The arguments of an acquire call: take it now or queue ``token``
     (``wait_ms`` 0: do not queue); park ``payload`` instead when given.
-    ``mode`` and ``limit`` for a semaphore or a side of a read-write lock."""
+    ``mode`` and ``limit`` for a semaphore or a side of a read-write lock;
+    ``start``: take a start under a rate limit with it (a call that does not wait)."""
     args: list[Any] = [token, lease_ms, wait_ms, keys.wake, GRACE_MS, keep_ms]
-    if payload or parked_run or mode is not None or claim is not None:
+    if payload or parked_run or mode is not None or claim is not None or start is not None:
         # Left out when not parking (the common, hot path): the script defaults them.
         args += [
             payload,
@@ -217,6 +184,8 @@ def acquire_args(
         ]
         if mode is not None:
             args += [mode.value, limit]
+        if start is not None:
+            args.append(start.arg())
         if claim is not None:
             args.append(claim.arg())
     return args
@@ -227,7 +196,7 @@ def acquire(kind: Kind, keys: Keys, token: str, *args: Any, **options: Any) -> C
     claim = options.get("claim")
     return Call(
         kind.scripts.acquire,
-        script_keys(keys, claim),
+        script_keys(keys, claim, options.get("start")),
         acquire_args(keys, token, *args, **options),
     )
 
@@ -317,6 +286,8 @@ def parse_acquire(reply: Any) -> AcquireResult:
         return Duplicate(granted)
     if status == -2:
         return Superseded(decode(reply[2]), granted)
+    if status == -3:
+        return OverRate(int(reply[1]) / 1_000_000.0, granted)
     raise ValueError(f"unknown acquire reply status {status!r}")
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "PERIODS",
     "Rate",
     "Slot",
+    "Start",
     "parse_slot",
     "rate",
     "slot_call",
@@ -105,6 +106,17 @@ def _per_second(value: Any, what: str) -> float:
     if per_second < MIN_PER_SECOND:
         raise ConfigurationError(f"{what}: at least one start a year, got {value!r}")
     return per_second
+
+
+class Start(NamedTuple):
+    """A start under ``limit`` at ``key``, carried by a lock's acquire call
+    (:data:`celery_redislock.primitives.protocol.Start`): taken only with the lock."""
+
+    key: str
+    limit: Rate
+
+    def arg(self) -> str:
+        return f"rate:{self.limit.interval_us!r}:{self.limit.burst}"
 
 
 class Slot(NamedTuple):

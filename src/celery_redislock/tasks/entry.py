@@ -66,20 +66,34 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
     settings = config.settings_for(app)
     overrides = header(request, CALL_OPTIONS_HEADER)
     run = _unique_run(task, request)
+    policy = policies.effective_policy(
+        task._redislock_option("on_contention", overrides, settings), bool(request.is_eager)
+    )
+    carried = None
     if task._redislock_rated:
-        # The start comes first: a run over its rate limit touches no lock.
         ending = run.drop if run is not None else None
-        rate_stage.enter(task, request, args, kwargs, settings, overrides, ending)
         if not task._redislock_locks:
+            rate_stage.enter(task, request, args, kwargs, settings, overrides, ending)
             return None  # a rate limit alone: the run starts, with no lock
     name, kind = task.lock_target_for(args, kwargs)
     prim = primitive(task, request, name, kind, app, settings, overrides)
     if run is not None:
         run.attach(prim)
+    if task._redislock_rated:
+        # The start comes before the body: carried by an acquire that does
+        # not wait (taken with the lock, or neither), else taken first.
+        waits = policy == "wait" or (
+            policy == "park" and header(request, parking.PARK_HEADER) is not None
+        )
+        carried = rate_stage.enter(
+            task, request, args, kwargs, settings, overrides, ending, None if waits else prim
+        )
+        if carried is not None:
+            prim.start = carried.start
     # Only a receiver of lock_acquired needs the time taking the lock began.
     began = time.monotonic() if signals.lock_acquired.receivers else 0.0
     try:
-        if not _take(task, request, prim, run, settings, overrides):
+        if not _take(task, request, prim, run, settings, overrides, policy, carried):
             # Unreachable, and the body runs without a lock: the job starts
             # now, so its key goes (if the store answers; else within its hold).
             if run is not None:
@@ -127,11 +141,11 @@ def _take(
     run: Any,
     settings: config.Settings,
     overrides: Any,
+    policy: str,
+    carried: Optional[rate_stage.Carried] = None,
 ) -> bool:
-    """Acquire ``prim`` as the run's policy says; False: unreachable, run anyway."""
-    policy = policies.effective_policy(
-        task._redislock_option("on_contention", overrides, settings), bool(request.is_eager)
-    )
+    """Acquire ``prim`` as the run's policy says; False: unreachable, run anyway.
+    ``carried``: the run's start under a rate limit, which the acquire takes."""
     # A re-published parked run claims the grant reserved for it first, and
     # only then asks whether its job was superseded meanwhile (a grant left
     # unclaimed would be re-published again and again).
@@ -139,15 +153,15 @@ def _take(
     try:
         if run is not None and not parked_run:
             prim.superseded_by = run.superseded(parked_run=False)
-        if prim.superseded_by is not None:
-            acquired = False
-        elif policy == "park":
-            acquired = _park(task, request, prim, run)
-        elif policy == "wait":
-            timeout = task._redislock_option("lock_wait_timeout", overrides, settings)
-            acquired = prim.acquire(timeout=timeout)
-        else:
-            acquired = prim.acquire(blocking=False)
+        acquired = _attempt(task, request, prim, run, settings, overrides, policy)
+        if not acquired and prim.over_rate_for is not None and carried is not None:
+            # No start free: nothing was taken.  Defer, skip or fail (raising),
+            # or, having waited for a start of its own, take the lock alone.
+            ending = run.drop if run is not None else None
+            delay = prim.over_rate_for
+            rate_stage.over_limit(task, request, carried, delay, settings, overrides, ending)
+            prim.start = prim.over_rate_for = None
+            acquired = _attempt(task, request, prim, run, settings, overrides, policy)
         if acquired and parked_run:
             prim.superseded_by = run.superseded(parked_run=True)
             if prim.superseded_by is not None:
@@ -161,6 +175,26 @@ def _take(
     if not acquired:
         policies.contended(task, request, prim, policy, run.drop if run is not None else None)
     return True
+
+
+def _attempt(
+    task: Any,
+    request: Any,
+    prim: Primitive,
+    run: Any,
+    settings: config.Settings,
+    overrides: Any,
+    policy: str,
+) -> bool:
+    """One go at the lock as ``policy`` says: held or not."""
+    if prim.superseded_by is not None:
+        return False
+    if policy == "park":
+        return _park(task, request, prim, run)
+    if policy == "wait":
+        timeout = task._redislock_option("lock_wait_timeout", overrides, settings)
+        return prim.acquire(timeout=timeout)
+    return prim.acquire(blocking=False)
 
 
 def primitive(
@@ -238,7 +272,7 @@ def _park(task: Any, request: Any, prim: Primitive, run: Any) -> bool:
         if parked_run:
             _retoken(task, request, prim)
         return True
-    if status == "superseded":
+    if status in ("superseded", "over rate"):
         return False
     if status == "unreplicated":
         # Not parked: its message goes back to the broker, a fresh arrival

@@ -18,8 +18,13 @@ run does what ``on_rate_limited`` says:
   ``lock_wait_timeout``; else ``lock_wait_fallback`` (``retry``: defer).
 - ``skip``: TaskSkipped, at once; ``fail``: RateLimited, at once.
 
-The start is taken before the lock: a run that then finds its lock held
-has spent its start, so the limit errs towards fewer starts, never more.
+With a lock, the start rides on the lock's acquire where that acquire does
+not wait (``on_contention`` retry, skip, fail, and park's first attempt): one
+script call takes both or neither, and a run over the limit touches no lock.
+Where the acquire waits (``wait``, a parked run's claim of its grant), or the
+two keys live on different Redis Cluster nodes, the start is taken first, in
+a call of its own: a run that then finds its lock held has spent its start,
+so the limit errs towards fewer starts, never more.
 """
 
 from __future__ import annotations
@@ -27,18 +32,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from celery.exceptions import Retry
 
 from .. import _validate, config, signals
 from ..exceptions import BackendUnavailable, ConfigurationError, RateLimited, TaskSkipped
-from ..primitives import RateLimiter, keys
-from ..primitives.rates import Rate, rate
+from ..primitives import Primitive, RateLimiter, keys, unique
+from ..primitives.rates import Rate, Slot, Start, rate
 from . import policies
 from .messages import RATE_HEADER, header, message_headers
 
-__all__ = ["HOP_CAP", "check_options", "enter", "limit_for"]
+__all__ = ["HOP_CAP", "Carried", "check_options", "enter", "limit_for", "over_limit"]
 
 logger = logging.getLogger("celery_redislock")
 
@@ -98,6 +103,13 @@ def limit_for(
     return (f"{base}:{part}" if part else base), limit
 
 
+class Carried(NamedTuple):
+    """A run's start, carried by its lock's acquire (taken only with the lock)."""
+
+    name: str
+    start: Start
+
+
 def enter(
     task: Any,
     request: Any,
@@ -106,29 +118,74 @@ def enter(
     settings: config.Settings,
     overrides: Any,
     ending: Optional[Callable[[], None]] = None,
-) -> None:
+    prim: Optional[Primitive] = None,
+) -> Optional[Carried]:
     """Take the run's start, or end the run as ``on_rate_limited`` says (by
     raising).  ``ending``: what ends the run's job (a unique job's key), for
-    ``skip`` and ``fail``."""
+    ``skip`` and ``fail``.
+
+    With ``prim``, the run's lock, whose next acquire does not wait: the
+    start is not taken here but returned, for that acquire to carry (one
+    round trip for both, and the start is taken only with the lock), unless
+    the two keys live on different nodes of a Redis Cluster.
+    """
     found = limit_for(task, args, kwargs, settings)
     if found is None:
-        return
+        return None
     name, limit = found
+    key = keys.rate_key(settings.key_prefix, name)
     rest = header(request, RATE_HEADER)
     if rest is not None:
         # A deferred run: its slot was reserved as it was deferred.
         if float(rest) > 0:
-            key = keys.rate_key(settings.key_prefix, name)
             _defer(task, request, name, key, limit, float(rest), "defer")
-        return
+        return None
+    client = config.client_for(task.app)
+    if prim is not None and unique.foldable(client, key, prim.key):
+        return Carried(name, Start(key, limit))
+    limiter = RateLimiter(client, name, limit, prefix=settings.key_prefix)
+    _admit(task, request, limiter, settings, overrides, ending)
+    return None
+
+
+def over_limit(
+    task: Any,
+    request: Any,
+    carried: Carried,
+    delay: float,
+    settings: config.Settings,
+    overrides: Any,
+    ending: Optional[Callable[[], None]] = None,
+) -> None:
+    """The run's acquire carried its start and found none free for ``delay``
+    seconds (nothing was taken): apply ``on_rate_limited``.  Returns only when
+    the run has taken a start now (``wait``): it then takes its lock alone."""
+    limiter = RateLimiter(
+        config.client_for(task.app), carried.name, carried.start.limit, prefix=settings.key_prefix
+    )
+    _admit(task, request, limiter, settings, overrides, ending, delay)
+
+
+def _admit(
+    task: Any,
+    request: Any,
+    limiter: RateLimiter,
+    settings: config.Settings,
+    overrides: Any,
+    ending: Optional[Callable[[], None]],
+    over: Optional[float] = None,
+) -> None:
+    """Take a start with ``limiter`` as ``on_rate_limited`` says, or end the
+    run; ``over``: the seconds to the next free start, when already known."""
+    name = limiter.name
     policy = task._redislock_option("on_rate_limited", overrides, settings)
     if request.is_eager and policy == "defer":
         policy = "wait"  # no broker to re-send to
-    limiter = RateLimiter(config.client_for(task.app), name, limit, prefix=settings.key_prefix)
     wait_timeout = task._redislock_option("lock_wait_timeout", overrides, settings)
     ahead = {"defer": None, "wait": wait_timeout}.get(policy, 0.0)
     try:
-        slot = limiter.take(ahead)
+        # skip, fail after a carried start found none: nothing to take
+        slot = Slot(False, over) if over is not None and ahead == 0.0 else limiter.take(ahead)
         if not slot.taken and policy == "wait" and _fallback(task, request) == "retry":
             policy, slot = "defer", limiter.take(None)
     except BackendUnavailable as exc:
@@ -143,8 +200,8 @@ def enter(
         time.sleep(slot.delay)
         return
     if slot.taken:
-        _defer(task, request, name, limiter.key, limit, slot.delay, policy)
-    what = f"rate limit {name!r} ({limit}): the next start is free in {slot.delay:.3f} s"
+        _defer(task, request, name, limiter.key, limiter.limit, slot.delay, policy)
+    what = f"rate limit {name!r} ({limiter.limit}): the next start is free in {slot.delay:.3f} s"
     if policy == "skip":
         logger.warning("%s[%s]: %s; skipped (on_rate_limited=skip)", task.name, request.id, what)
         signals.task_skipped.send(

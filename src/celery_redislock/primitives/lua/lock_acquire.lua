@@ -18,12 +18,16 @@
 -- KEYS[7], ARGV[11] the job's claim on its unique key (see _claim.lua), when
 -- the run has one: a grant starts it, a park keeps it; a superseded job is
 -- refused before anything is taken.
+-- KEYS[7], ARGV[11] (the claim then one further on) a start under a rate
+-- limit (see _rate.lua), when a call that does not wait carries one: taken
+-- only with the lock; none free, nothing is taken, queued or parked.
 -- Returns reply(): the fence (or {1, fence, '', now, pairs...} when parked tasks
 -- were granted too) when the caller holds the lock
 -- (also when it already did: a retried call whose reply was lost, or a grant
 -- made by a release while it waited; a new fence then), {0, holder's
 -- remaining lease ms, holder, now, pairs...} when it does not, {-1, ...} for a
--- duplicate parked run, {-2, 0, job, 0} for a job superseded by `job`.
+-- duplicate parked run, {-2, 0, job, 0} for a job superseded by `job`,
+-- {-3, µs until a start is free, '', 0} when the carried rate limit has none now.
 
 -- The common case first, before the helpers are defined: free, nobody in line
 -- (or in flight), and not the re-published run of a parked task.  The fence
@@ -44,6 +48,7 @@ end
 
 -- include: _lib
 -- include: _claim
+-- include: _rate
 
 local C = claim_of(KEYS, ARGV, 6)
 if C and ARGV[9] ~= '1' then
@@ -51,6 +56,13 @@ if C and ARGV[9] ~= '1' then
   if by then return {-2, 0, by, 0} end
 end
 local token, ttl, wait, wake = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local R = rate_of(KEYS, ARGV, 6)
+if R and wait == 0 and ARGV[9] ~= '1' then
+  local until_free = rate_wait(R)
+  if until_free > 0 then return {-3, until_free, '', 0} end
+else
+  R = nil
+end
 local grace, payload = tonumber(ARGV[5]), ARGV[7] or ''
 local order = tonumber(ARGV[10] or '')
 local lock = KEYS[1]
@@ -61,6 +73,7 @@ local out = {}
 -- The caller holds the lock with fence `f`: its job's run starts.
 local function held(f, now)
   if C then claim_start(C, ttl) end
+  if R then rate_take(R) end
   return reply(1, f, '', now, out)
 end
 

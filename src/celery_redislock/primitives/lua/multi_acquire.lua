@@ -1,5 +1,6 @@
 -- include: _lib
 -- include: _claim
+-- include: _rate
 -- Acquire a semaphore permit or a side of a read-write lock in one round
 -- trip, or take a place in the FIFO queue.
 -- KEYS[1] holders  KEYS[2] fence  KEYS[3] queue  KEYS[4] meta  KEYS[5] pmsg
@@ -14,7 +15,9 @@
 -- ARGV[12] semaphore limit (mode 's'; stored for releases to use)
 -- KEYS[8], ARGV[#ARGV] the job's claim on its unique key, when the run has
 -- one (see _claim.lua and lock_acquire.lua)
--- Returns reply() as lock_acquire.lua does; when contended the hint is the
+-- KEYS[8], ARGV[13] (the claim then one further on) a start under a rate
+-- limit, when a call that does not wait carries one (see lock_acquire.lua)
+-- Returns reply() as lock_acquire.lua does (-3 included); when contended the hint is the
 -- time until the earliest holder's lease runs out, the holder that holder.
 local C = claim_of(KEYS, ARGV, 7)
 if C and ARGV[9] ~= '1' then
@@ -22,6 +25,13 @@ if C and ARGV[9] ~= '1' then
   if by then return {-2, 0, by, 0} end
 end
 local token, ttl, wait = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local R = rate_of(KEYS, ARGV, 7)
+if R and wait == 0 and ARGV[9] ~= '1' then
+  local until_free = rate_wait(R)
+  if until_free > 0 then return {-3, until_free, '', 0} end
+else
+  R = nil
+end
 local grace, payload, mode = tonumber(ARGV[5]), ARGV[7], ARGV[11]
 local order = tonumber(ARGV[10])
 local Q = multi(KEYS, ARGV[4], ARGV[8], ARGV[6])
@@ -30,6 +40,7 @@ local out = {}
 -- The caller holds it with fence `f`: its job's run starts.
 local function held(f, now)
   if C then claim_start(C, ttl) end
+  if R then rate_take(R) end
   return reply(1, f, '', now, out)
 end
 
