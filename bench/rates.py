@@ -46,7 +46,9 @@ slow stretch of the machine does not land on one contender only.  Prints
 Markdown tables to stdout, progress to stderr; a benchmark, not a test: it
 never asserts.
 
-    python bench/rates.py [--quick] [--rounds N] [--no-workers]
+    python bench/rates.py [--quick] [--rounds N] [--accuracy-procs N] [--accuracy-s S]
+                          [--work-procs N] [--work-s S] [--runs N]
+                          [--no-primitives] [--no-workers]
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ class Contender:
     work: bool = True
     #: A baseline: every call "granted", nothing recorded.
     baseline: bool = False
-    runs: list[Run] = field(default_factory=list)
+    accuracy_runs: list[Run] = field(default_factory=list)
     work_runs: list[Run] = field(default_factory=list)
 
 
@@ -344,18 +346,19 @@ def accuracy_rows(cs: list[Contender]) -> list[list[str]]:
     for c in cs:
         if not c.accuracy:
             continue
-        errors = sorted({e for r in c.runs for e in r.errors})
-        if errors or not c.runs:
+        errors = sorted({e for r in c.accuracy_runs for e in r.errors})
+        if errors or not c.accuracy_runs:
             rows.append([c.label, "-", "-", "-", "-", "-", "; ".join(errors) or "not run"])
             continue
-        views = [(c.label + (", its slot" if c.blocking else ""), [r.grants for r in c.runs])]
+        runs = c.accuracy_runs
+        views = [(c.label + (", its slot" if c.blocking else ""), [r.grants for r in runs])]
         if c.blocking:
-            views.append((c.label + ", as it returns", [r.woke for r in c.runs]))
+            views.append((c.label + ", as it returns", [r.woke for r in runs]))
         for label, stamps in views:
             windows = [fullest_window(g) for g in stamps]
             least = max(w[0] for w in windows)
             most = max(w[1] for w in windows)
-            granted = [len(g) / r.seconds for g, r in zip(stamps, c.runs)]
+            granted = [len(g) / r.seconds for g, r in zip(stamps, runs)]
             rows.append([
                 label,
                 f"{min(granted):.1f}-{max(granted):.1f}",
@@ -452,10 +455,10 @@ def primitives(url: str, admin: redis.Redis, args: argparse.Namespace) -> None:
         order = cs[r % len(cs) :] + cs[: r % len(cs)]
         for c in order:
             if c.accuracy:
-                c.runs.append(run(c, url, admin, args.accuracy_procs, args.accuracy_s))
+                c.accuracy_runs.append(run(c, url, admin, args.accuracy_procs, args.accuracy_s))
             if c.work:
                 c.work_runs.append(run(c, url, admin, args.work_procs, args.work_s))
-            last = c.runs[-1] if c.accuracy else c.work_runs[-1]
+            last = c.accuracy_runs[-1] if c.accuracy else c.work_runs[-1]
             log(f"  round {r + 1}/{args.rounds} {c.label}: "
                 f"{len(last.grants)} grants, {last.checks} checks"
                 + (f", errors: {last.errors}" if last.errors else ""))  # fmt: skip
