@@ -3,7 +3,7 @@
 :class:`PeerTask` is a :class:`~celery_redislock.LockedTask` with
 ``unique="until_finished"`` and a run lock on the job's own key (never one
 lock for the whole task, which would serialise every job).  Its subclasses
-name the peer's options (``_peer_options``) and translate them
+name the peer's options (``foreign_options``) and translate them
 (``_translate``) before LockedTask checks the class; the lock store follows
 the peer's setting (:func:`follow_store`), and a job's key lets go at the
 peer's timeout even while it runs (:mod:`.deadline`).
@@ -79,21 +79,13 @@ class PeerTask(LockedTask):
     """Base of the shims: a unique job per key, with a run lock on the same key."""
 
     unique = "until_finished"
-    #: The peer's option names: kept off LockedTask's check of its own names.
-    _peer_options: tuple[str, ...] = ()
     #: Seconds a job's key lives from its publish (None: no deadline); set at bind.
     _compat_timeout: Optional[float] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        own = {o: cls.__dict__[o] for o in cls._peer_options if o in cls.__dict__}
-        for option in own:
-            delattr(cls, option)
-        try:
-            cls._translate(own)
-            super().__init_subclass__(**kwargs)
-        finally:
-            for option, value in own.items():
-                setattr(cls, option, value)
+        own = {o: cls.__dict__[o] for o in cls.foreign_options if o in cls.__dict__}
+        cls._translate(own)
+        super().__init_subclass__(**kwargs)
 
     @classmethod
     def _translate(cls, own: dict[str, Any]) -> None:

@@ -53,7 +53,7 @@ class QueueOnce(PeerTask):
 
     once: dict[str, Any] = {"graceful": False, "unlock_before_run": False}
     on_duplicate = "raise"
-    _peer_options = ("once",)
+    foreign_options = ("once",)
 
     @classmethod
     def _translate(cls, own: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ class Singleton(PeerTask):
     unique_on: Any = None
     raise_on_duplicate: Optional[bool] = None
     lock_expiry: Optional[float] = None
-    _peer_options = ("unique_on", "raise_on_duplicate", "lock_expiry")
+    foreign_options = ("unique_on", "raise_on_duplicate", "lock_expiry")
     #: The task chose on_duplicate itself (else raise_on_duplicate decides).
     _compat_own_on_duplicate = False
 

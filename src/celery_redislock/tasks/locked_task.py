@@ -116,6 +116,10 @@ class LockedTask(Task):  # type: ignore[misc]
     rate_limit_group: Optional[str] = None
     on_rate_limited: Optional[str] = None
 
+    #: Options of another library this class reads itself (``lock_expiry``,
+    #: say): LockedTask's check of its own option names leaves them alone.
+    foreign_options: tuple[str, ...] = ()
+
     _redislock_keyspec: Optional[KeySpec] = None
     _redislock_unique_keyspec: Optional[KeySpec] = None
     #: Whether the class sets unique, debounce or throttle (set by prepare()).

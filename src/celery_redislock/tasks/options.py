@@ -96,9 +96,12 @@ def check_call_options(task_name: str, options: Any) -> dict[str, Any]:
 
 def check_option_names(cls: Any, task_name: str) -> None:
     """Refuse an option that looks like one of ours but is not (``lock_keys``,
-    ``on_contension``, ``uniqe``): it would be ignored, silently."""
+    ``on_contension``, ``uniqe``): it would be ignored, silently.  A class's
+    ``foreign_options`` names options of another library it reads itself
+    (the :mod:`celery_redislock.compat` shims)."""
+    foreign = getattr(cls, "foreign_options", ())
     for key, value in cls.__dict__.items():
-        if key.startswith("_") or key in VALID or _defined_in_body(cls, value):
+        if key.startswith("_") or key in VALID or key in foreign or _defined_in_body(cls, value):
             continue
         looks_ours = key.startswith(("lock_", "redislock_", "unique_", "rate_limit_")) or (
             not any(key in k.__dict__ for k in Task.__mro__)  # (no getattr: some warn)
