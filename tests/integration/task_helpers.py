@@ -133,8 +133,13 @@ def limits_app(redis_url: str) -> Any:
     """tests.limits_app's app in this process, pointed at the test's redis-server."""
     from tests import limits_app as module
 
+    return pointed(module.app, redis_url)
+
+
+def pointed(app: Any, redis_url: str) -> Any:
+    """``app`` (one of the tests' apps) pointed at the test's redis-server:
+    broker db 1, results db 2, locks db 0."""
     base = base_of(redis_url)
-    app = module.app
     if app.conf.broker_url != f"{base}/1":
         app.conf.update(
             broker_url=f"{base}/1", result_backend=f"{base}/2", redislock_url=f"{base}/0"

@@ -18,7 +18,15 @@ import redis
 
 from celery_redislock import ConfigurationError, LockedTask, RateLimited, TaskSkipped
 from tests.helpers import intervals, peak_overlap
-from tests.integration.task_helpers import base_of, flush_state, listed, stop_all, uniq, wait_runs
+from tests.integration.task_helpers import (
+    base_of,
+    flush_state,
+    listed,
+    pointed,
+    stop_all,
+    uniq,
+    wait_runs,
+)
 from tests.workers import Worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.slow]
@@ -26,17 +34,9 @@ pytestmark = [pytest.mark.worker, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def app(redis_url: str) -> Any:
-    from celery_redislock import config
     from tests import rates_app
 
-    base = base_of(redis_url)
-    app = rates_app.app
-    if app.conf.broker_url != f"{base}/1":
-        app.conf.update(
-            broker_url=f"{base}/1", result_backend=f"{base}/2", redislock_url=f"{base}/0"
-        )
-        config.reset(app)
-    return app
+    return pointed(rates_app.app, redis_url)
 
 
 @pytest.fixture(scope="module")

@@ -4,48 +4,25 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Optional
 
-from .. import _validate
-from ..primitives import keys
 from ..primitives.failures import unreachable
-from ..primitives.rates import Rate, Slot, parse_slot, rate, slot_call
+from ..primitives.rates import LimitState, Slot, parse_slot, slot_call
 from ..transport import UNREACHABLE
 from . import calls
 
 __all__ = ["RateLimiter"]
 
 
-class RateLimiter:
+class RateLimiter(LimitState):
     """At most ``rate`` starts across every client of the same Redis, ``burst``
     at once; ``await acquire()`` sleeps on the event loop until its slot."""
-
-    noun = "rate limit"
-
-    def __init__(
-        self, client: Any, name: str, rate: Any, burst: int = 1, *, prefix: str = "redislock"
-    ) -> None:
-        what = f"rate limit {name!r}"
-        _validate.check_name(name, f"name of {what}")
-        _validate.check_name(prefix, f"prefix of {what}")
-        self.client = client
-        self.name = name
-        self.limit: Rate = _rate(rate, what, burst)
-        self.key = keys.rate_key(prefix, name)
-
-    @property
-    def rate(self) -> Rate:
-        return self.limit
 
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """Take a start: now, or (``blocking``) at the next free slot, sleeping
         until then.  With ``timeout``, a slot further away than that is not
         taken and False comes back at once.  A cancelled sleep spends its slot."""
-        if timeout is not None:
-            if not blocking:
-                raise ValueError("can't specify a timeout for a non-blocking acquire")
-            _validate.check_seconds(timeout, f"timeout of {self.noun} {self.name!r}")
-        slot = await self.take(0.0 if not blocking else timeout)
+        slot = await self.take(self.within(blocking, timeout))
         if slot.taken and slot.delay > 0:
             await asyncio.sleep(slot.delay)
         return slot.taken
@@ -74,7 +51,3 @@ class RateLimiter:
 
     def __repr__(self) -> str:
         return f"<asyncio RateLimiter {self.name!r} {self.limit} burst={self.limit.burst}>"
-
-
-def _rate(value: Any, what: str, burst: Any) -> Rate:
-    return rate(value, f"rate of {what}", burst)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from .. import _validate, transport
-from . import _errors, keys
-from .rates import Rate, Slot, parse_slot, rate, slot_call
+from .. import transport
+from . import _errors
+from .rates import LimitState, Slot, parse_slot, slot_call
 
 __all__ = ["RateLimiter"]
 
 
-class RateLimiter:
+class RateLimiter(LimitState):
     """At most ``rate`` starts (``"10/s"``, ``"100/m"``, ``"1000/h"``, or
     permits per second) across every client of the same Redis, ``burst`` of
     them at once.
@@ -29,33 +29,17 @@ class RateLimiter:
     scheduler that would rather run the work then than wait for it.
     """
 
-    noun = "rate limit"
-
     def __init__(
         self, client: Any, name: str, rate: Any, burst: int = 1, *, prefix: str = "redislock"
     ) -> None:
-        what = f"rate limit {name!r}"
-        _validate.check_name(name, f"name of {what}")
-        _validate.check_name(prefix, f"prefix of {what}")
-        self.client = client
-        self.name = name
-        self.limit: Rate = _rate(rate, what, burst)
-        self.key = keys.rate_key(prefix, name)
+        super().__init__(client, name, rate, burst, prefix=prefix)
         self._block = transport.KeyBlock([self.key], transport.encoding_of(client))
-
-    @property
-    def rate(self) -> Rate:
-        return self.limit
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """Take a start: now, or (``blocking``) at the next free slot, sleeping
         until then.  With ``timeout``, a slot further away than that is not
         taken and False comes back at once: nothing can bring it closer."""
-        if timeout is not None:
-            if not blocking:
-                raise ValueError("can't specify a timeout for a non-blocking acquire")
-            _validate.check_seconds(timeout, f"timeout of {self.noun} {self.name!r}")
-        slot = self.take(0.0 if not blocking else timeout)
+        slot = self.take(self.within(blocking, timeout))
         if slot.taken and slot.delay > 0:
             time.sleep(slot.delay)
         return slot.taken
@@ -82,7 +66,3 @@ class RateLimiter:
 
     def __repr__(self) -> str:
         return f"<RateLimiter {self.name!r} {self.limit} burst={self.limit.burst}>"
-
-
-def _rate(value: Any, what: str, burst: Any) -> Rate:
-    return rate(value, f"rate of {what}", burst)

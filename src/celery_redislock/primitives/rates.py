@@ -14,9 +14,11 @@ is owed.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
+from .. import _validate
 from ..exceptions import ConfigurationError
+from . import keys
 from .protocol import Call
 
 __all__ = [
@@ -137,3 +139,36 @@ def slot_call(key: str, limit: Rate, ahead: float | None) -> Call:
 def parse_slot(reply: Any) -> Slot:
     """The :class:`Slot` of a ``rate_acquire`` reply ``{taken, delay µs}``."""
     return Slot(int(reply[0]) == 1, int(reply[1]) / 1_000_000.0)
+
+
+_rate = rate  # (LimitState's argument of that name hides it)
+
+
+class LimitState:
+    """What the sync and asyncio RateLimiter share: the checked name, rate and
+    key, and the check of an acquire's arguments."""
+
+    noun = "rate limit"
+
+    def __init__(
+        self, client: Any, name: str, rate: Any, burst: int = 1, *, prefix: str = "redislock"
+    ) -> None:
+        what = f"rate limit {name!r}"
+        _validate.check_name(name, f"name of {what}")
+        _validate.check_name(prefix, f"prefix of {what}")
+        self.client = client
+        self.name = name
+        self.limit: Rate = _rate(rate, f"rate of {what}", burst)
+        self.key = keys.rate_key(prefix, name)
+
+    @property
+    def rate(self) -> Rate:
+        return self.limit
+
+    def within(self, blocking: bool, timeout: Optional[float]) -> Optional[float]:
+        """How far ahead an acquire may take its start (see :func:`slot_call`)."""
+        if timeout is not None:
+            if not blocking:
+                raise ValueError("can't specify a timeout for a non-blocking acquire")
+            _validate.check_seconds(timeout, f"timeout of {self.noun} {self.name!r}")
+        return timeout if blocking else 0.0

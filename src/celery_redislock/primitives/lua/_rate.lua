@@ -45,3 +45,12 @@ local function rate_take(R)
   local tat = R.tat + R.interval
   redis.call('SET', R.key, string.format('%.0f', tat), 'PX', math.ceil((tat - R.now) / 1000) + 1)
 end
+
+-- The start an acquire carries, when it is one that does not wait (ARGV[3],
+-- the wait, 0) and no parked run's claim of its grant (ARGV[9] '1'); and the
+-- microseconds until one is free (0: now).  Else nil, 0.
+local function rate_carried(keys, argv, base)
+  local R = rate_of(keys, argv, base)
+  if not R or tonumber(argv[3]) ~= 0 or argv[9] == '1' then return nil, 0 end
+  return R, rate_wait(R)
+end

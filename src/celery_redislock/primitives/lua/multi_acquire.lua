@@ -25,13 +25,8 @@ if C and ARGV[9] ~= '1' then
   if by then return {-2, 0, by, 0} end
 end
 local token, ttl, wait = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local R = rate_of(KEYS, ARGV, 7)
-if R and wait == 0 and ARGV[9] ~= '1' then
-  local until_free = rate_wait(R)
-  if until_free > 0 then return {-3, until_free, '', 0} end
-else
-  R = nil
-end
+local R, until_free = rate_carried(KEYS, ARGV, 7)
+if until_free > 0 then return {-3, until_free, '', 0} end
 local grace, payload, mode = tonumber(ARGV[5]), ARGV[7], ARGV[11]
 local order = tonumber(ARGV[10])
 local Q = multi(KEYS, ARGV[4], ARGV[8], ARGV[6])
