@@ -33,8 +33,9 @@ class RateLimiter(LimitState):
 
     async def take(self, within: Optional[float]) -> Slot:
         """Take the next free start if it is at most ``within`` seconds away
-        (0: now only; None: however far); the :class:`Slot` says whether it
-        was taken and when it is (or the next free one is)."""
+        (0: now only; None: however far).  The
+        :class:`~celery_redislock.primitives.rates.Slot` says whether it was
+        taken and when it is (or the next free one is)."""
         call = slot_call(self.key, self.limit, within)
         try:
             reply = await calls.run(self.client, call)

@@ -11,8 +11,8 @@
 Each shim is a :class:`~celery_redislock.LockedTask` with ``unique=`` and
 the task options set from the peer's options, so its behaviour (and the
 peers' bugs it does not have) is the library's own.  What it may import: the
-public modules of :mod:`celery_redislock.tasks`, :mod:`celery_redislock.unique`,
-:mod:`celery_redislock.primitives` and :mod:`celery_redislock.ops`; nothing
+public modules of ``celery_redislock.tasks``, ``celery_redislock.unique``,
+``celery_redislock.primitives`` and ``celery_redislock.ops``; nothing
 imports this package.
 """
 

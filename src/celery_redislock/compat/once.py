@@ -31,7 +31,7 @@ DEFAULT_TIMEOUT = 60 * 60
 
 class AlreadyQueued(exceptions.AlreadyQueued):
     """celery-once's duplicate: ``countdown`` seconds until the key frees at most,
-    ``message``; a :class:`celery_redislock.AlreadyQueued` too (``key``,
+    ``message``; a :class:`celery_redislock.exceptions.AlreadyQueued` too (``key``,
     ``task_id`` of the job holding it, ``ttl_ms``)."""
 
     def __init__(

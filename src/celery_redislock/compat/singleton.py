@@ -26,7 +26,7 @@ REDIS_BACKENDS = ("celery_singleton.backends.redis.RedisBackend",)
 
 class DuplicateTaskError(exceptions.AlreadyQueued):
     """celery-singleton's duplicate (``raise_on_duplicate``): ``task_id`` is the
-    job holding the key; a :class:`celery_redislock.AlreadyQueued` too."""
+    job holding the key; a :class:`celery_redislock.exceptions.AlreadyQueued` too."""
 
     def __init__(
         self, message: str, task_id: Optional[str], key: str = "", ttl_ms: Optional[int] = None

@@ -51,8 +51,9 @@ class RateLimiter(LimitState):
 
     def take(self, within: Optional[float]) -> Slot:
         """Take the next free start if it is at most ``within`` seconds away
-        (0: now only; None: however far), in one round trip; the :class:`Slot`
-        says whether it was taken and when it is (or the next free one is)."""
+        (0: now only; None: however far), in one round trip.  The
+        :class:`~celery_redislock.primitives.rates.Slot` says whether it was
+        taken and when it is (or the next free one is)."""
         call = slot_call(self.key, self.limit, within)
         reply = _errors.run(self.client, "acquire", self.key, call.script, self._block, call.args)
         return parse_slot(reply)
