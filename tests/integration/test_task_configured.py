@@ -33,6 +33,7 @@ from celery_redislock import (
 )
 from celery_redislock import config as lock_config
 from celery_redislock.primitives import keys
+from celery_redislock.tasks import rate_stage
 from tests.helpers import assert_no_overlap, intervals, peak_overlap, wait_until
 from tests.integration.task_helpers import collect, runs, start_worker, uniq
 from tests.workers import ROOT, Worker
@@ -364,3 +365,32 @@ def test_a_pattern_that_matches_nothing_is_reported(redis_url: str) -> None:
     app.finalize()
     assert configured.unmatched(app) == ["proj.synk*"]
     app.close()
+
+
+def test_rate_limits_come_from_the_configuration_too(redis_url: str) -> None:
+    app = app_with(
+        redis_url,
+        {
+            "proj.api.*": {"global_rate_limit": "100/m", "rate_limit_key": ["user_id"]},
+            "proj.stripe": {"rate_limit_group": "stripe", "lock_key": ["user_id"]},
+        },
+        redislock_rate_limits={"stripe": "10/s"},
+    )
+    api, stripe = define(app, "proj.api.call"), define(app, "proj.stripe")
+    app.finalize()
+    # A rate alone takes no lock; a rate with a lock option takes both.
+    assert api._redislock_rated and not api._redislock_locks
+    assert stripe._redislock_rated and stripe._redislock_locks
+    settings = lock_config.settings_for(app)
+    assert rate_stage.limit_for(api, (7,), {}, settings)[0] == "proj.api.call:[7]"
+    assert rate_stage.limit_for(stripe, (7,), {}, settings)[1].per_second == 10.0
+    app.close()
+
+
+def test_a_bad_rate_in_the_configuration_names_the_entry(redis_url: str) -> None:
+    app = app_with(redis_url, {"proj.*": {"global_rate_limit": "5/x"}})
+    define(app, "proj.limited")
+    with pytest.raises(ConfigurationError) as info:
+        app.finalize()
+    assert "'proj.*'" in str(info.value) and "global_rate_limit" in str(info.value)
+    assert "'5/x'" in str(info.value)
