@@ -1,6 +1,8 @@
 """How a LockedTask run takes its lock, before its body runs.
 
-A rate-limited task takes its start first (:mod:`celery_redislock.tasks.rate_stage`).
+A rate-limited run takes its start under the limit before its body
+(:mod:`celery_redislock.tasks.rate_stage`): with its lock, in the same script
+call, where the acquire does not wait; else first, in a call of its own.
 
 :func:`enter` builds the run's primitive, applies the contention policy
 when it is held (:mod:`celery_redislock.tasks.policies`), and returns the
@@ -79,20 +81,20 @@ def enter(task: Any, request: Any, args: Sequence[Any], kwargs: dict[str, Any]) 
     prim = primitive(task, request, name, kind, app, settings, overrides)
     if run is not None:
         run.attach(prim)
-    if task._redislock_rated:
-        # The start comes before the body: carried by an acquire that does
-        # not wait (taken with the lock, or neither), else taken first.
-        waits = policy == "wait" or (
-            policy == "park" and header(request, parking.PARK_HEADER) is not None
-        )
-        carried = rate_stage.enter(
-            task, request, args, kwargs, settings, overrides, ending, None if waits else prim
-        )
-        if carried is not None:
-            prim.start = carried.start
     # Only a receiver of lock_acquired needs the time taking the lock began.
     began = time.monotonic() if signals.lock_acquired.receivers else 0.0
     try:
+        if task._redislock_rated:
+            # The start comes before the body: carried by an acquire that
+            # does not wait (taken with the lock, or neither), else taken first.
+            waits = policy == "wait" or (
+                policy == "park" and header(request, parking.PARK_HEADER) is not None
+            )
+            carried = rate_stage.enter(
+                task, request, args, kwargs, settings, overrides, ending, None if waits else prim
+            )
+            if carried is not None:
+                prim.start = carried.start
         if not _take(task, request, prim, run, settings, overrides, policy, carried):
             # Unreachable, and the body runs without a lock: the job starts
             # now, so its key goes (if the store answers; else within its hold).
