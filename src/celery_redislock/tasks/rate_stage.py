@@ -1,4 +1,4 @@
-"""How a LockedTask run takes its start under a rate limit, before its lock.
+"""How a LockedTask run takes its start under a rate limit, before its body runs.
 
 A task with ``global_rate_limit="100/m"`` (or ``rate_limit_group="stripe"``,
 a limit named in ``redislock_rate_limits``) takes one start slot per run,
