@@ -22,6 +22,7 @@ __all__ = [
     "check_name",
     "check_seconds",
     "is_seconds",
+    "named",
 ]
 
 
@@ -80,4 +81,15 @@ def check_limits(value: object, what: str) -> dict[str, int]:
         if not isinstance(key, str) or not key:
             raise ConfigurationError(f"{what} must map non-empty str names, got key {key!r}")
         check_count(limit, f"{what}[{key!r}]")
+    return value
+
+
+def named(what: str, name: str, known: dict[str, Any], setting: str) -> Any:
+    """The value of ``name`` in the ``setting`` dict ``known`` (a named
+    semaphore or rate limit a task joins); ``what`` (``"task 'x': option
+    concurrency_group"``) names the option in the error when it is not there."""
+    value = known.get(name)
+    if value is None:
+        listed = ", ".join(sorted(known)) or "none configured"
+        raise ConfigurationError(f"{what}={name!r} is not in {setting} ({listed})")
     return value

@@ -23,10 +23,14 @@ import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
-from . import _spelling, _validate, client_factory, lock_store, store_source
+from . import _spelling, client_factory, lock_store, store_source
 from .exceptions import ConfigurationError
-from .primitives import rates
-from .primitives.rates import Rate
+from .setting_checks import (
+    CONTENTION_POLICIES,
+    RATE_LIMITED_POLICIES,
+    check_rate_limits,
+    validate,
+)
 
 __all__ = [
     "CONTENTION_POLICIES",
@@ -40,11 +44,6 @@ __all__ = [
     "store",
 ]
 
-CONTENTION_POLICIES = ("retry", "skip", "wait", "fail", "park")
-DUPLICATE_ACTIONS = ("return", "raise", "replace")
-WAIT_FALLBACKS = ("retry", "fail")
-REDIS_ERROR_POLICIES = ("retry", "fail", "run")
-RATE_LIMITED_POLICIES = ("defer", "wait", "skip", "fail")
 #: ``redislock_*`` keys this library reads besides the Settings fields.
 OTHER_KEYS: tuple[str, ...] = ("redislock_tasks",)
 
@@ -109,7 +108,8 @@ class Settings:
         ``replace`` (queue it; the waiting one is dropped).
     rate_limits: named rate limits shared across tasks, ``{"name": rate}``
         (``"100/s"``, ``"1000/h"``, or starts per second; tasks join one with
-        ``rate_limit_group="name"``).
+        ``rate_limit_group="name"``); held parsed, as
+        :class:`~celery_redislock.primitives.rates.Rate` values.
     on_rate_limited: what a run over its rate limit does: ``defer`` (re-sent
         once, to start at the slot it reserved), ``wait`` (sleeps in the
         worker until its slot, up to ``lock_wait_timeout``), ``skip``
@@ -153,6 +153,9 @@ class Settings:
     def __post_init__(self) -> None:
         for f in fields(self):
             validate(f.name, getattr(self, f.name), f"redislock_{f.name}")
+        # Parsed once here, not at each run of a task that joins one.
+        parsed = check_rate_limits(self.rate_limits, "redislock_rate_limits")
+        object.__setattr__(self, "rate_limits", parsed)
         if self.lock_retry_backoff_max < self.lock_retry_backoff:
             raise ConfigurationError(
                 f"redislock_lock_retry_backoff_max ({self.lock_retry_backoff_max!r}) "
@@ -160,97 +163,8 @@ class Settings:
             )
 
 
-#: Setting -> how to check it (the same checks serve task options).
-_SECONDS = (
-    "fence_retention",
-    "lock_ttl",
-    "lock_retry_backoff",
-    "lock_retry_backoff_max",
-    "lock_wait_timeout",
-    "socket_timeout",
-    "park_reserve",
-    "park_sweep_interval",
-    "unique_ttl",
-)
-
-
 #: Settings whose default is not None, where None means something (no limit).
 _NONE_IS_A_VALUE = ("redis_error_retries",)
-
-
-def validate(name: str, value: Any, where: str) -> None:
-    """Check one setting or task option; ``where`` names it in the error."""
-    if name in _SECONDS:
-        _validate.check_seconds(value, where)
-    elif name == "renew_interval":
-        _validate.check_seconds(value, where, optional=True)
-    elif name == "lock_retry_max":
-        _validate.check_count(value, where, minimum=0, optional=True)
-    elif name == "on_contention":
-        _validate.check_choice(value, where, CONTENTION_POLICIES)
-    elif name == "lock_wait_fallback":
-        _validate.check_choice(value, where, WAIT_FALLBACKS)
-    elif name == "on_redis_error":
-        _validate.check_choice(value, where, REDIS_ERROR_POLICIES)
-    elif name == "url":
-        if isinstance(value, (list, tuple)) and value:
-            for item in value:
-                if not isinstance(item, str) or not item.startswith("sentinel://"):
-                    raise ConfigurationError(
-                        f"{where} may be a list of sentinel:// URLs only, got {item!r} in it"
-                    )
-        elif value is not None:
-            _validate.check_name(value, where)
-    elif name == "ssl":
-        if value is not None:
-            lock_store.tls_options(value, where)
-    elif name == "transport_options":
-        if not isinstance(value, dict):
-            raise ConfigurationError(f"{where} must be a dict, got {value!r}")
-        for key in value:
-            if not isinstance(key, str):
-                raise ConfigurationError(f"{where} keys must be str, got {key!r}")
-    elif name == "client":
-        if value is not None and not callable(value):
-            _validate.check_name(value, where)
-            if ":" not in value and "." not in value:
-                raise ConfigurationError(
-                    f"{where} must be a callable or its dotted path ('proj.redis:make_client'), "
-                    f"got {value!r}"
-                )
-    elif name == "redis_error_retries":
-        _validate.check_count(value, where, minimum=0, optional=True)
-    elif name == "key_prefix":
-        _validate.check_name(value, where)
-    elif name == "semaphores":
-        _validate.check_limits(value, where)
-    elif name == "rate_limits":
-        check_rate_limits(value, where)
-    elif name == "on_rate_limited":
-        _validate.check_choice(value, where, RATE_LIMITED_POLICIES)
-    elif name == "wait_replicas":
-        _validate.check_count(value, where, minimum=0)
-    elif name == "wait_timeout_ms":
-        _validate.check_count(value, where, minimum=1)
-    elif name == "on_duplicate":
-        _validate.check_choice(value, where, DUPLICATE_ACTIONS)
-    elif name == "metrics_port":
-        _validate.check_count(value, where, minimum=0, optional=True)
-        if value is not None and value > 65535:
-            raise ConfigurationError(f"{where} must be a port, 1 to 65535 (0: off), got {value!r}")
-    elif name == "metrics_addr":
-        _validate.check_name(value, where)
-
-
-def check_rate_limits(value: Any, where: str) -> dict[str, Rate]:
-    """``redislock_rate_limits``, each limit parsed (an error names the group)."""
-    if not isinstance(value, dict):
-        raise ConfigurationError(f"{where} must be a dict of {{name: rate}}, got {value!r}")
-    limits = {}
-    for group, limit in value.items():
-        _validate.check_name(group, f"{where}: a group name")
-        limits[group] = rates.rate(limit, f"{where}[{group!r}]")
-    return limits
 
 
 def visibility_timeout(conf: Any) -> Optional[float]:

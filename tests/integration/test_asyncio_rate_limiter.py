@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -23,24 +22,8 @@ from celery_redislock import RateLimiter as SyncRateLimiter
 from celery_redislock.asyncio import RateLimiter
 from tests.asyncio_support import close, counting_client
 from tests.helpers import sha
+from tests.integration.test_rate_limiter import EARLY, LATE, assert_on_slots, gaps
 from tests.redis_server import free_port
-
-
-def gaps(times: Sequence[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:])]
-
-
-#: How early a start may seem (the first call's own round trip), and how late
-#: it may come on a loaded machine (a wake-up after its sleep), in seconds.
-EARLY, LATE = 0.003, 0.15
-
-
-def assert_on_slots(times: Sequence[float], interval: float, burst: int = 1) -> None:
-    """The k-th start (seconds from the first call) came at its slot: ``burst``
-    at once, then one every ``interval``; never before it, and not much after."""
-    for k, t in enumerate(sorted(times)):
-        slot = max(0, k - (burst - 1)) * interval
-        assert slot - EARLY <= t <= slot + LATE, f"start {k} at {t:.4f} s, its slot {slot:.3f} s"
 
 
 async def timed_acquires(limiter: RateLimiter, n: int) -> list[float]:

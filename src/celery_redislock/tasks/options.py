@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Task
 
-from .. import _spelling, config
+from .. import _spelling, setting_checks
 from ..exceptions import ConfigurationError
 from ..unique import policy as unique_policy
 
@@ -68,7 +68,7 @@ def check_run_option(option: str, value: Any, where: str) -> None:
     """Check one run-time or unique-job option's value; ``where`` names it."""
     field = OPTIONS.get(option)
     if field is not None:
-        config.validate(field, value, where)
+        setting_checks.validate(field, value, where)
     elif option in unique_policy.OPTIONS:
         unique_policy.check_option(option, value, where)
 

@@ -77,13 +77,10 @@ def check_options(cls: Any, name: str, groups: Optional[dict[str, Any]]) -> None
 
 
 def _group_limit(task_name: str, group: str, groups: dict[str, Any]) -> Rate:
-    limit = groups.get(group)
-    if limit is None:
-        known = ", ".join(sorted(groups)) or "none configured"
-        raise ConfigurationError(
-            f"task {task_name!r}: rate_limit_group={group!r} is not in "
-            f"redislock_rate_limits ({known})"
-        )
+    """The rate of ``group`` in ``redislock_rate_limits`` (parsed by Settings)."""
+    limit = _validate.named(
+        f"task {task_name!r}: rate_limit_group", group, groups, "redislock_rate_limits"
+    )
     return rate(limit, f"redislock_rate_limits[{group!r}]")
 
 

@@ -48,13 +48,9 @@ def check_options(
 
 def group_limit(task_name: str, group: str, groups: dict[str, int]) -> int:
     """The limit of ``group`` in ``redislock_semaphores``; an unknown group raises."""
-    limit = groups.get(group)
-    if limit is None:
-        known = ", ".join(sorted(groups)) or "none configured"
-        raise ConfigurationError(
-            f"task {task_name!r}: concurrency_group={group!r} is not in "
-            f"redislock_semaphores ({known})"
-        )
+    limit: int = _validate.named(
+        f"task {task_name!r}: concurrency_group", group, groups, "redislock_semaphores"
+    )
     return limit
 
 
