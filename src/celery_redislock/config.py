@@ -109,7 +109,7 @@ class Settings:
     rate_limits: named rate limits shared across tasks, ``{"name": rate}``
         (``"100/s"``, ``"1000/h"``, or starts per second; tasks join one with
         ``rate_limit_group="name"``); held parsed, as
-        :class:`~celery_redislock.primitives.rates.Rate` values.
+        ``Rate`` values (``celery_redislock.primitives.rates``).
     on_rate_limited: what a run over its rate limit does: ``defer`` (re-sent
         once, to start at the slot it reserved), ``wait`` (sleeps in the
         worker until its slot, up to ``lock_wait_timeout``), ``skip``
